@@ -1,0 +1,36 @@
+"""Command-line plumbing shared by lm.main and lm.sample: one-line errors, non-zero exits."""
+
+import sys
+from collections.abc import Callable
+
+from absl import flags
+
+from lm.errors import UserError
+
+EXIT_USER_ERROR = 2
+
+
+def fail(message: str) -> None:
+    print(f"error: {' '.join(message.split())}", file=sys.stderr)
+    sys.exit(EXIT_USER_ERROR)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl flag parsing, with bad config overrides reported on one line instead of a traceback."""
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as e:
+        fail(str(e))
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
+        # ml_collections reports unknown keys as AttributeError("'key'\nDid you mean ...").
+        detail = str(e).replace("\\n", " ").replace("\\'", "'").strip("'\"")
+        overrides = [a for a in argv[1:] if a.startswith("--config.")]
+        fail(f"bad config override ({' '.join(overrides) or 'none'}): {detail}")
+
+
+def run_user_errors(fn: Callable[[], object]) -> None:
+    """Runs fn; a UserError becomes 'error: <message>' on stderr and exit code 2."""
+    try:
+        fn()
+    except UserError as e:
+        fail(str(e))

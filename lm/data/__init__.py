@@ -1,0 +1,1 @@
+"""Data sources, tokenizers and Grain pipelines."""

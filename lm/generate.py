@@ -1,0 +1,84 @@
+"""Autoregressive sampling from a GPT with a KV cache.
+
+Each new token costs one position of the cache, not a re-run of the prefix. The learned position
+table is as long as the context, so when the cache fills, it is rebuilt from the last half of the
+context (one pass over context/2 tokens) and decoding carries on: the model always sees between
+context/2 and context previous tokens.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lm.models.gpt import GPT
+
+
+def sample_logits(logits: jax.Array, rng: jax.Array, temperature: float, top_k: int) -> jax.Array:
+    """logits (B, V) -> token ids (B,): greedy at temperature 0, else top-k then softmax sampling."""
+    if temperature == 0:
+        return jnp.argmax(logits, axis=-1)
+    logits = logits / temperature
+    if 0 < top_k < logits.shape[-1]:
+        kth_largest = jax.lax.top_k(logits, top_k)[0][:, -1:]
+        logits = jnp.where(logits < kth_largest, -jnp.inf, logits)
+    return jax.random.categorical(rng, logits, axis=-1)
+
+
+def empty_cache(model: GPT, batch_size: int):
+    """Zeroed KV cache variables for batch_size sequences of the model's context length."""
+    tokens = jnp.zeros((batch_size, model.config.context_length), jnp.int32)
+    shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), tokens, decode=True)["cache"])
+    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+
+@functools.partial(jax.jit, static_argnames=("model", "temperature", "top_k"))
+def decode_segment(model: GPT, params, buffer, start, stop, known, rng, temperature, top_k):
+    """Feeds buffer[:, start:stop] one token at a time into a fresh cache; the token after each
+    fed position i is kept from the buffer if i + 1 < known, else sampled. buffer: (B, L) int32."""
+    cache = empty_cache(model, buffer.shape[0])
+
+    def body(i, carry):
+        buffer, cache = carry
+        token = jax.lax.dynamic_slice_in_dim(buffer, i, 1, axis=1)  # (B, 1)
+        logits, variables = model.apply(
+            {"params": params, "cache": cache}, token, decode=True, mutable=["cache"]
+        )
+        sampled = sample_logits(logits[:, -1], jax.random.fold_in(rng, i), temperature, top_k)
+        given = jax.lax.dynamic_index_in_dim(buffer, i + 1, axis=1, keepdims=False)
+        following = jnp.where(i + 1 < known, given, sampled).astype(buffer.dtype)
+        buffer = jax.lax.dynamic_update_index_in_dim(buffer, following, i + 1, axis=1)
+        return buffer, variables["cache"]
+
+    buffer, _ = jax.lax.fori_loop(start, stop, body, (buffer, cache))
+    return buffer
+
+
+def generate(
+    model: GPT,
+    params,
+    prompt: np.ndarray,
+    max_new_tokens: int,
+    rng: jax.Array,
+    temperature: float = 1.0,
+    top_k: int = 0,
+) -> np.ndarray:
+    """prompt (B, P) int32, P >= 1 -> (B, P + max_new_tokens) int32."""
+    batch, prompt_length = prompt.shape
+    if prompt_length < 1:
+        raise ValueError("the prompt needs at least one token")
+    context = model.config.context_length
+    total = prompt_length + max_new_tokens
+    buffer = jnp.zeros((batch, total), jnp.int32).at[:, :prompt_length].set(prompt)
+    known = prompt_length
+    start = max(0, prompt_length - context)
+    while known < total:
+        stop = min(start + context, total - 1)
+        buffer = decode_segment(
+            model, params, buffer, start, stop, known, jax.random.fold_in(rng, start),
+            temperature, top_k,
+        )
+        known = stop + 1
+        start = known - max(1, context // 2)  # re-feed the last half context, then go on
+    return np.asarray(buffer)

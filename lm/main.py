@@ -1,0 +1,31 @@
+"""Train an experiment from a config.
+
+  python -m lm.main --config=configs/gpt_shakespeare.py:baby --workdir=runs/baby \
+      [--config.model.norm_position=post ...]
+
+Rerunning the same command resumes from the latest checkpoint in --workdir.
+"""
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from lm.cli import parse_flags, run_user_errors
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Config file and variant, e.g. configs/gpt_shakespeare.py:baby", lock_config=True
+)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run folder: config, checkpoints, logs, samples.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO
+    from lm.train.loop import train  # after flag parsing, so --help and flag errors are quick
+
+    run_user_errors(lambda: train(_CONFIG.value, _WORKDIR.value))
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=parse_flags)

@@ -1,0 +1,85 @@
+"""Device meshes and logical-axis sharding.
+
+The mesh has three axes, (data, fsdp, tensor); the config gives their sizes (-1 = the rest of the
+devices). Parameters and activations carry logical axis names; the config's rules map them onto
+mesh axes, so data parallel, FSDP and tensor parallel are config changes.
+"""
+
+import math
+from collections.abc import Sequence
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from lm.errors import UserError
+
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH_MESH_AXES = ("data", "fsdp")  # the mesh axes the batch dimension is split over
+
+Rules = Sequence[tuple[str, str | tuple[str, ...] | None]]
+
+
+def mesh_shape(sizes: dict[str, int], num_devices: int) -> tuple[int, ...]:
+    """Resolves -1 (at most one) so the product of the axis sizes is num_devices."""
+    shape = [int(sizes[axis]) for axis in MESH_AXES]
+    described = ", ".join(f"{a}={s}" for a, s in zip(MESH_AXES, shape, strict=True))
+    if shape.count(-1) > 1 or any(s == 0 or s < -1 for s in shape):
+        raise UserError(f"mesh {described}: give positive sizes, with at most one -1")
+    known = math.prod(s for s in shape if s != -1)
+    if -1 in shape:
+        if num_devices % known:
+            raise UserError(f"mesh {described} does not divide the {num_devices} devices")
+        shape[shape.index(-1)] = num_devices // known
+    if math.prod(shape) != num_devices:
+        raise UserError(
+            f"mesh {described} needs {math.prod(shape)} devices but {num_devices} are available; "
+            "set one axis to -1 to use all of them"
+        )
+    return tuple(shape)
+
+
+def make_mesh(sizes: dict[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:
+    devices = list(jax.devices() if devices is None else devices)
+    shape = mesh_shape(sizes, len(devices))
+    return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
+
+
+def batch_shards(mesh: Mesh) -> int:
+    return math.prod(mesh.shape[a] for a in BATCH_MESH_AXES)
+
+
+def check_batch(batch_size: int, grad_accum_steps: int, mesh: Mesh) -> None:
+    shards = batch_shards(mesh)
+    if grad_accum_steps < 1 or batch_size % grad_accum_steps:
+        raise UserError(
+            f"train.batch_size={batch_size} is not divisible by "
+            f"train.grad_accum_steps={grad_accum_steps}"
+        )
+    micro = batch_size // grad_accum_steps
+    if micro % shards:
+        raise UserError(
+            f"micro-batch {micro} (train.batch_size / train.grad_accum_steps) is not divisible by "
+            f"the {shards} batch shards of mesh data x fsdp; change the batch size or the mesh"
+        )
+    if batch_size % jax.process_count():
+        raise UserError(f"train.batch_size={batch_size} is not divisible by {jax.process_count()} hosts")
+
+
+def logical_shardings(abstract_tree, mesh: Mesh, rules: Rules):
+    """NamedShardings for a tree of (possibly logically partitioned) abstract values."""
+    specs = nn.get_partition_spec(abstract_tree)
+    return nn.logical_to_mesh_sharding(specs, mesh, list(rules))
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec(BATCH_MESH_AXES))
+
+
+def global_batch(local_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+    """Assembles each process's slice of the batch into global arrays split over data x fsdp."""
+    sharding = batch_sharding(mesh)
+    return jax.tree.map(
+        lambda x: jax.make_array_from_process_local_data(sharding, x), local_batch
+    )

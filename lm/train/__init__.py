@@ -1,0 +1,1 @@
+"""The generic trainer: state, pure steps, the loop, checkpoints and metric writers."""

@@ -1,0 +1,79 @@
+"""Orbax checkpoints of the train state together with the data iterator's position."""
+
+import pathlib
+
+import grain
+import jax
+import orbax.checkpoint as ocp
+
+from lm.errors import UserError
+
+
+class Checkpointer:
+    """Saves (asynchronously) and restores {state, data iterator} in workdir/checkpoints."""
+
+    def __init__(self, directory: pathlib.Path, keep: int, every: int):
+        self.manager = ocp.CheckpointManager(
+            directory.absolute(),
+            options=ocp.CheckpointManagerOptions(
+                max_to_keep=keep, save_interval_steps=every, enable_async_checkpointing=True
+            ),
+            item_handlers={
+                "state": ocp.StandardCheckpointHandler(),
+                "data": grain.checkpoint.CheckpointHandler(),
+            },
+        )
+
+    def latest_step(self) -> int | None:
+        return self.manager.latest_step()
+
+    def check_compatible(self, abstract_state) -> None:
+        """Raises UserError when the latest checkpoint's arrays differ in shape from this model's."""
+        step = self.latest_step()
+        if step is None:
+            return
+        saved = self.manager.item_metadata(step)["state"]
+        saved_shapes = {
+            jax.tree_util.keystr(path): tuple(leaf.shape)
+            for path, leaf in jax.tree_util.tree_leaves_with_path(saved)
+        }
+        for path, leaf in jax.tree_util.tree_leaves_with_path(abstract_state):
+            name = jax.tree_util.keystr(path)
+            if saved_shapes.get(name) != tuple(leaf.shape):
+                found = saved_shapes.get(name, "nothing")
+                raise UserError(
+                    f"the checkpoint at step {step} in {self.manager.directory} does not fit this "
+                    f"model: {name} is {found} there but {tuple(leaf.shape)} here; use a new "
+                    "--workdir or the config that wrote this one"
+                )
+        if len(saved_shapes) != len(jax.tree.leaves(abstract_state)):
+            raise UserError(
+                f"the checkpoint at step {step} in {self.manager.directory} holds "
+                f"{len(saved_shapes)} arrays but this model's state has "
+                f"{len(jax.tree.leaves(abstract_state))}; use a new --workdir"
+            )
+
+    def save(self, step: int, state, data_iterator, force: bool = False) -> bool:
+        return self.manager.save(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state),
+                data=grain.checkpoint.CheckpointSave(data_iterator),
+            ),
+            force=force,
+        )
+
+    def restore(self, step: int, abstract_state, data_iterator):
+        """Returns the restored state (sharded as abstract_state says); data_iterator is set in place."""
+        restored = self.manager.restore(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract_state),
+                data=grain.checkpoint.CheckpointRestore(data_iterator),
+            ),
+        )
+        return restored["state"]
+
+    def close(self) -> None:
+        self.manager.wait_until_finished()
+        self.manager.close()

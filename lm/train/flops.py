@@ -1,0 +1,43 @@
+"""Peak FLOP/s per device, for model FLOPs utilisation (MFU)."""
+
+import time
+
+import jax
+import jax.numpy as jnp
+
+# Dense bf16 peaks from the vendors' data sheets, FLOP/s per device (chip, or GPU).
+KNOWN_PEAKS = {
+    "TPU v4": 275e12,
+    "TPU v5 lite": 197e12,
+    "TPU v5e": 197e12,
+    "TPU v5p": 459e12,
+    "TPU v5": 459e12,
+    "TPU v6 lite": 918e12,
+    "TPU v6e": 918e12,
+    "NVIDIA A100": 312e12,
+    "NVIDIA H100": 989e12,
+    "NVIDIA H200": 989e12,
+    "NVIDIA B200": 2250e12,
+}
+
+
+def measure_matmul_peak(size: int = 1024, repeats: int = 20, dtype=jnp.float32) -> float:
+    """FLOP/s of a jitted size x size matmul on the default device: the best of `repeats`."""
+    a = jnp.ones((size, size), dtype)
+    matmul = jax.jit(lambda x, y: x @ y)
+    matmul(a, a).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        matmul(a, a).block_until_ready()
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best
+
+
+def peak_flops_per_device(device: jax.Device | None = None) -> float:
+    """The data-sheet peak for known accelerators; a measured matmul peak for anything else."""
+    device = device or jax.devices()[0]
+    for kind, peak in sorted(KNOWN_PEAKS.items(), key=lambda kv: -len(kv[0])):
+        if device.device_kind.startswith(kind):
+            return peak
+    return measure_matmul_peak()

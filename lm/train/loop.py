@@ -1,0 +1,205 @@
+"""The trainer: one loop for every experiment.
+
+train(config, workdir) builds the experiment named by config.experiment, the mesh and the sharded
+state; resumes from the latest checkpoint in workdir (state and data position) if there is one;
+then runs jitted train steps with periodic logging, evaluation and asynchronous checkpoints.
+SIGTERM saves a checkpoint and stops.
+"""
+
+import datetime
+import importlib
+import json
+import math
+import pathlib
+import signal
+import threading
+import time
+
+import flax.linen as nn
+import jax
+import ml_collections
+import numpy as np
+
+from lm import sharding
+from lm.errors import UserError
+from lm.train.checkpoint import Checkpointer
+from lm.train.experiment import Experiment
+from lm.train.flops import peak_flops_per_device
+from lm.train.metrics import METRICS_FILE, MetricWriter, truncate_log
+from lm.train.optim import learning_rate_schedule, make_optimizer
+from lm.train.state import TrainState
+from lm.train.step import make_eval_step, make_train_step
+
+CONFIG_FILE = "config.json"
+
+
+def load_experiment(config: ml_collections.ConfigDict) -> Experiment:
+    try:
+        module = importlib.import_module(f"experiments.{config.experiment}")
+    except ModuleNotFoundError as e:
+        raise UserError(f"experiment={config.experiment!r} has no module experiments/{config.experiment}.py") from e
+    return module.build(config)
+
+
+def prepare_workdir(workdir: str) -> pathlib.Path:
+    path = pathlib.Path(workdir).expanduser().absolute()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".write_probe"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise UserError(f"workdir {path} is not writable ({e.strerror}); pass a --workdir you can write to") from e
+    return path
+
+
+def abstract_state(init_boxed, rng, mesh, rules):
+    """The state's shapes, dtypes and NamedShardings (from the logical axis names), no compute."""
+    shardings = sharding.logical_shardings(jax.eval_shape(init_boxed, rng), mesh, rules)
+    shapes = jax.eval_shape(lambda r: nn.unbox(init_boxed(r)), rng)
+    return jax.tree.map(
+        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings
+    ), shardings
+
+
+def count_params(params) -> int:
+    return sum(math.prod(p.shape) for p in jax.tree.leaves(params))
+
+
+class StopSignal:
+    """Turns SIGTERM into a flag the loop polls, so it can checkpoint before exiting."""
+
+    def __init__(self):
+        self.requested = False
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame):
+        self.requested = True
+
+
+def format_duration(seconds: float) -> str:
+    return str(datetime.timedelta(seconds=round(seconds)))
+
+
+def mean_metrics(metrics_list: list[dict]) -> dict[str, float]:
+    host = jax.device_get(metrics_list)
+    return {k: float(np.mean([m[k] for m in host])) for k in host[0]}
+
+
+def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+    """Trains to config.train.num_steps; returns the last eval metrics (prefixed 'eval_')."""
+    tcfg = config.train
+    workdir_path = prepare_workdir(workdir)
+    mesh = sharding.make_mesh(config.mesh.to_dict())
+    sharding.check_batch(tcfg.batch_size, tcfg.grad_accum_steps, mesh)
+    rules = [tuple(rule) for rule in config.sharding_rules]
+    experiment = load_experiment(config)
+    optimizer = make_optimizer(config.optimizer)
+    schedule = learning_rate_schedule(config.optimizer)
+
+    def init_boxed(rng):
+        params = experiment.init(rng)["params"]
+        return TrainState(step=jax.numpy.zeros((), jax.numpy.int32), params=params, opt_state=optimizer.init(params))
+
+    init_rng = jax.random.key(config.seed)
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        state_shapes, state_shardings = abstract_state(init_boxed, init_rng, mesh, rules)
+        checkpointer = Checkpointer(workdir_path / "checkpoints", tcfg.keep_checkpoints, tcfg.checkpoint_every)
+        checkpointer.check_compatible(state_shapes)
+        # Every check has passed: from here on the workdir is written to.
+        (workdir_path / CONFIG_FILE).write_text(config.to_json_best_effort(indent=2))
+        experiment.save_assets(workdir_path)
+
+        shard = (jax.process_index(), jax.process_count())
+        train_iter = iter(experiment.train_data(tcfg.batch_size // jax.process_count(), config.seed, shard))
+        start_step = checkpointer.latest_step()
+        if start_step is None:
+            state = jax.jit(lambda rng: nn.unbox(init_boxed(rng)), out_shardings=state_shardings)(init_rng)
+            start_step = 0
+        else:
+            state = checkpointer.restore(start_step, state_shapes, train_iter)
+            truncate_log(workdir_path / METRICS_FILE, start_step)
+            print(f"resumed from step {start_step} in {workdir_path}")
+
+        batch_sharding = sharding.batch_sharding(mesh)
+        train_step = jax.jit(
+            make_train_step(experiment.loss, optimizer, schedule, tcfg.grad_accum_steps, config.seed),
+            in_shardings=(state_shardings, batch_sharding),
+            out_shardings=(state_shardings, None),
+            donate_argnums=0,
+        )
+        eval_step = jax.jit(
+            make_eval_step(experiment.loss), in_shardings=(state_shardings.params, batch_sharding)
+        )
+        eval_batches = [sharding.global_batch(b, mesh) for b in experiment.eval_data()]
+
+        num_params = count_params(state.params)
+        units_per_step = tcfg.batch_size * experiment.units_per_example
+        flops_per_step = tcfg.batch_size * experiment.flops_per_example(num_params)
+        peak = (tcfg.peak_flops or peak_flops_per_device()) * mesh.size
+        writer = MetricWriter(workdir_path, tcfg.wandb_project, config.to_dict())
+        print(f"{num_params:,} parameters | mesh {dict(mesh.shape)} | {jax.devices()[0].device_kind}")
+
+        def evaluate(step: int) -> dict[str, float]:
+            results = mean_metrics([eval_step(state.params, b) for b in eval_batches])
+            results = {f"eval_{k}": v for k, v in results.items()}
+            writer.write_scalars(step, results)
+            print(f"step {step:>6} | eval loss {results['eval_loss']:.4f}")
+            return results
+
+        compile_start = time.perf_counter()
+        first_batch = sharding.global_batch(next(train_iter), mesh)
+        train_step = train_step.lower(state, first_batch).compile()
+        compile_seconds = time.perf_counter() - compile_start
+        print(f"compiled the train step in {compile_seconds:.1f}s")
+
+        stop = StopSignal()
+        step = start_step
+        last_eval = evaluate(step) if step == 0 else {}
+        pending: list[dict] = []
+        batch = first_batch
+        interval_start, interval_steps = time.perf_counter(), 0
+        while step < tcfg.num_steps and not stop.requested:
+            state, metrics = train_step(state, batch)
+            step += 1
+            pending.append(metrics)
+            interval_steps += 1
+            if step % tcfg.log_every == 0 or step == tcfg.num_steps:
+                scalars = mean_metrics(pending)
+                seconds = time.perf_counter() - interval_start
+                step_time = seconds / interval_steps
+                scalars.update(
+                    steps_per_second=1 / step_time,
+                    **{f"{experiment.unit}_per_second": units_per_step / step_time},
+                    mfu=flops_per_step / step_time / peak,
+                )
+                writer.write_scalars(step, scalars)
+                print(
+                    f"step {step:>6} | loss {scalars['loss']:.4f} | lr {scalars['learning_rate']:.2e} | "
+                    f"{units_per_step / step_time:,.0f} {experiment.unit}/s | MFU {scalars['mfu']:.1%} | "
+                    f"ETA {format_duration((tcfg.num_steps - step) * step_time)}"
+                )
+                pending = []
+                interval_start, interval_steps = time.perf_counter(), 0
+            if step % config.eval.every == 0 or step == tcfg.num_steps:
+                last_eval = evaluate(step)
+                interval_start, interval_steps = time.perf_counter(), 0
+            if step % tcfg.checkpoint_every == 0 or step == tcfg.num_steps or stop.requested:
+                # Saved before the next batch is drawn, so the data position matches the step.
+                checkpointer.save(step, state, train_iter, force=True)
+            if step < tcfg.num_steps:
+                batch = sharding.global_batch(next(train_iter), mesh)
+
+        if stop.requested:
+            print(f"SIGTERM: saved a checkpoint at step {step}; rerun the same command to resume")
+        elif step == tcfg.num_steps and start_step < step:
+            texts = experiment.texts(state.params)
+            writer.write_texts(step, texts)
+            for name, text in texts.items():
+                print(f"--- {name} ---\n{text}")
+        checkpointer.close()
+        writer.close()
+    summary = {**last_eval, "compile_seconds": compile_seconds, "num_params": num_params}
+    (workdir_path / "summary.json").write_text(json.dumps({"step": step, **summary}, indent=2))
+    return summary

@@ -1,0 +1,65 @@
+"""Metric writers: a JSONL log, TensorBoard event files and, when asked, Weights & Biases."""
+
+import json
+import pathlib
+
+import jax
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def truncate_log(path: pathlib.Path, last_step: int) -> None:
+    """Drops records after last_step (written after the checkpoint a run resumes from)."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= last_step]
+    path.write_text("".join(line + "\n" for line in kept))
+
+
+class MetricWriter:
+    """Writes scalars and texts from process 0 only; other processes' writes are dropped."""
+
+    def __init__(self, workdir: pathlib.Path, wandb_project: str = "", config: dict | None = None):
+        self.enabled = jax.process_index() == 0
+        self.workdir = workdir
+        self._tensorboard = None
+        self._wandb = None
+        if not self.enabled:
+            return
+        from tensorboardX import SummaryWriter
+
+        self._jsonl = (workdir / METRICS_FILE).open("a")
+        self._tensorboard = SummaryWriter(str(workdir / "tensorboard"))
+        if wandb_project:
+            import wandb
+
+            self._wandb = wandb.init(project=wandb_project, dir=str(workdir), config=config)
+
+    def write_scalars(self, step: int, scalars: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        scalars = {k: float(v) for k, v in scalars.items()}
+        self._jsonl.write(json.dumps({"step": step, **scalars}) + "\n")
+        self._jsonl.flush()
+        for name, value in scalars.items():
+            self._tensorboard.add_scalar(name, value, step)
+        if self._wandb is not None:
+            self._wandb.log(scalars, step=step)
+
+    def write_texts(self, step: int, texts: dict[str, str]) -> None:
+        if not self.enabled:
+            return
+        with (self.workdir / "samples.txt").open("a") as f:
+            for name, text in texts.items():
+                f.write(f"--- step {step} {name} ---\n{text}\n")
+                self._tensorboard.add_text(name, text, step)
+        if self._wandb is not None:
+            self._wandb.log(texts, step=step)
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        self._jsonl.close()
+        self._tensorboard.close()
+        if self._wandb is not None:
+            self._wandb.finish()

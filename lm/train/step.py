@@ -1,0 +1,82 @@
+"""Pure train and eval steps: step(state, batch) -> (state, metrics), jitted by the loop."""
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from lm.layers import constrain
+from lm.train.state import TrainState
+
+LossFn = Callable[..., tuple[jax.Array, dict]]  # (params, batch, rng, train) -> (loss, metrics)
+
+
+def gradient_fn(loss_fn: LossFn, grad_accum_steps: int):
+    """(params, batch, rng) -> (loss, metrics, grads), averaged over grad_accum_steps micro-batches."""
+    value_and_grad = jax.value_and_grad(
+        lambda params, batch, rng: loss_fn(params, batch, rng, True), has_aux=True
+    )
+
+    def single(params, batch, rng):
+        (loss, metrics), grads = value_and_grad(params, batch, rng)
+        return loss, metrics, grads
+
+    if grad_accum_steps == 1:
+        return single
+
+    def accumulated(params, batch, rng):
+        # (B, ...) -> (A, B / A, ...): micro-batch a takes rows a, A + a, 2A + a, ..., so each
+        # device's contiguous slice of the batch splits evenly across micro-batches.
+        def split(x):
+            x = x.reshape(x.shape[0] // grad_accum_steps, grad_accum_steps, *x.shape[1:])
+            return constrain(x.swapaxes(0, 1), (None, "batch") + (None,) * (x.ndim - 2))
+
+        def body(carry, inputs):
+            micro_batch, index = inputs
+            loss, metrics, grads = single(params, micro_batch, jax.random.fold_in(rng, index))
+            return jax.tree.map(jnp.add, carry, (loss, metrics, grads)), None
+
+        micro_batches = jax.tree.map(split, batch)
+        _, first_metrics, _ = jax.eval_shape(single, params, jax.tree.map(lambda x: x[0], micro_batches), rng)
+        zeros = jax.tree.map(
+            lambda s: jnp.zeros(s.shape, s.dtype),
+            (jax.ShapeDtypeStruct((), jnp.float32), first_metrics, params),
+        )
+        total, _ = jax.lax.scan(body, zeros, (micro_batches, jnp.arange(grad_accum_steps)))
+        return jax.tree.map(lambda x: x / grad_accum_steps, total)
+
+    return accumulated
+
+
+def make_train_step(
+    loss_fn: LossFn,
+    optimizer: optax.GradientTransformation,
+    learning_rate: optax.Schedule,
+    grad_accum_steps: int,
+    seed: int,
+):
+    compute_gradients = gradient_fn(loss_fn, grad_accum_steps)
+
+    def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
+        rng = jax.random.fold_in(jax.random.key(seed), state.step)
+        loss, metrics, grads = compute_gradients(state.params, batch, rng)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics = dict(
+            metrics,
+            loss=loss,
+            grad_norm=optax.global_norm(grads),
+            learning_rate=learning_rate(state.step),
+        )
+        return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+    return train_step
+
+
+def make_eval_step(loss_fn: LossFn):
+    def eval_step(params, batch) -> dict:
+        loss, metrics = loss_fn(params, batch, jax.random.key(0), False)
+        return dict(metrics, loss=loss)
+
+    return eval_step
