@@ -39,6 +39,7 @@ def get_config(variant: str = "baby") -> ml_collections.ConfigDict:
     config.model.tie_embeddings = True
     config.model.use_bias = True
     config.model.compute_dtype = "float32"  # float32 | bfloat16 (params stay float32)
+    config.model.vocab_multiple = 64  # pad the vocabulary so it divides the 'tensor' mesh axis
 
     config.optimizer = ml_collections.ConfigDict()
     config.optimizer.learning_rate = 1e-3
@@ -97,7 +98,7 @@ def get_config(variant: str = "baby") -> ml_collections.ConfigDict:
         config.model.update(num_layers=2, num_heads=2, num_kv_heads=2, embed_dim=32)
         config.data.context_length = 16
         config.train.update(batch_size=8, num_steps=20, log_every=5, checkpoint_every=10)
-        config.optimizer.update(warmup_steps=2, decay_steps=20)
+        config.optimizer.update(learning_rate=3e-3, min_learning_rate=3e-4, warmup_steps=2, decay_steps=20)
         config.eval.update(every=10, batch_size=8, num_batches=2)
         config.sample.max_new_tokens = 20
     else:

@@ -34,6 +34,7 @@ def gpt_config(config: ml_collections.ConfigDict, vocab_size: int) -> GPTConfig:
         tie_embeddings=m.tie_embeddings,
         use_bias=m.use_bias,
         compute_dtype=DTYPES[m.compute_dtype],
+        vocab_multiple=m.vocab_multiple,
     )
 
 

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from lm.errors import UserError
-from lm.layers import MultiHeadAttention, Mlp, Norm, constrain, param_init
+from lm.layers import Mlp, MultiHeadAttention, Norm, constrain, param_init
 
 NORM_POSITIONS = ("pre", "post")
 
@@ -34,6 +34,11 @@ class GPTConfig:
     tie_embeddings: bool = True
     use_bias: bool = True
     compute_dtype: Any = jnp.float32
+    vocab_multiple: int = 64  # embedding rows are padded to a multiple, so 'vocab' can be sharded
+
+    @property
+    def padded_vocab_size(self) -> int:
+        return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
 
     def __post_init__(self):
         if self.norm_position not in NORM_POSITIONS:
@@ -91,7 +96,7 @@ class GPT(nn.Module):
         cfg = self.config
         length = tokens.shape[1]
         token_embed = nn.Embed(
-            cfg.vocab_size,
+            cfg.padded_vocab_size,
             cfg.embed_dim,
             dtype=cfg.compute_dtype,
             embedding_init=param_init(nn.initializers.normal(0.02), ("vocab", "embed")),
@@ -126,13 +131,14 @@ class GPT(nn.Module):
             logits = token_embed.attend(x)  # (B, T, V)
         else:
             logits = nn.Dense(
-                cfg.vocab_size,
+                cfg.padded_vocab_size,
                 use_bias=False,
                 dtype=cfg.compute_dtype,
                 kernel_init=param_init(nn.initializers.normal(0.02), ("embed", "vocab")),
                 name="lm_head",
             )(x)
-        return constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))
+        logits = constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))
+        return logits[..., : cfg.vocab_size]  # (B, T, V): padding rows never compete
 
 
 def flops_per_token(config: GPTConfig, num_params: int) -> float:
@@ -143,6 +149,6 @@ def flops_per_token(config: GPTConfig, num_params: int) -> float:
     """
     matmul_params = num_params - config.context_length * config.embed_dim
     if not config.tie_embeddings:
-        matmul_params -= config.vocab_size * config.embed_dim
+        matmul_params -= config.padded_vocab_size * config.embed_dim
     attention = 12 * config.num_layers * config.context_length * config.embed_dim
     return 6 * matmul_params + attention

@@ -9,6 +9,12 @@ import orbax.checkpoint as ocp
 from lm.errors import UserError
 
 
+def path_name(path) -> str:
+    """'params/block_0/mlp/up/kernel' for a tree path, whether its keys are dict keys, attributes
+    (dataclasses, named tuples) or indices: Orbax's metadata tree and the state differ in which."""
+    return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+
+
 class Checkpointer:
     """Saves (asynchronously) and restores {state, data iterator} in workdir/checkpoints."""
 
@@ -33,12 +39,9 @@ class Checkpointer:
         if step is None:
             return
         saved = self.manager.item_metadata(step)["state"]
-        saved_shapes = {
-            jax.tree_util.keystr(path): tuple(leaf.shape)
-            for path, leaf in jax.tree_util.tree_leaves_with_path(saved)
-        }
+        saved_shapes = {path_name(path): tuple(leaf.shape) for path, leaf in jax.tree_util.tree_leaves_with_path(saved)}
         for path, leaf in jax.tree_util.tree_leaves_with_path(abstract_state):
-            name = jax.tree_util.keystr(path)
+            name = path_name(path)
             if saved_shapes.get(name) != tuple(leaf.shape):
                 found = saved_shapes.get(name, "nothing")
                 raise UserError(
@@ -63,16 +66,13 @@ class Checkpointer:
             force=force,
         )
 
-    def restore(self, step: int, abstract_state, data_iterator):
-        """Returns the restored state (sharded as abstract_state says); data_iterator is set in place."""
-        restored = self.manager.restore(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract_state),
-                data=grain.checkpoint.CheckpointRestore(data_iterator),
-            ),
-        )
-        return restored["state"]
+    def restore(self, step: int, abstract_state, data_iterator=None):
+        """Returns the state (sharded as abstract_state says); data_iterator, if given, is set to
+        its saved position in place."""
+        items = {"state": ocp.args.StandardRestore(abstract_state)}
+        if data_iterator is not None:
+            items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
+        return self.manager.restore(step, args=ocp.args.Composite(**items))["state"]
 
     def close(self) -> None:
         self.manager.wait_until_finished()

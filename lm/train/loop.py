@@ -87,22 +87,49 @@ def mean_metrics(metrics_list: list[dict]) -> dict[str, float]:
     return {k: float(np.mean([m[k] for m in host])) for k in host[0]}
 
 
-def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-    """Trains to config.train.num_steps; returns the last eval metrics (prefixed 'eval_')."""
+def state_builder(experiment: Experiment, optimizer):
+    """rng -> TrainState at step 0, with params still boxed with their logical axis names."""
+
+    def init_boxed(rng):
+        params = experiment.init(rng)["params"]
+        step = jax.numpy.zeros((), jax.numpy.int32)
+        return TrainState(step=step, params=params, opt_state=optimizer.init(params))
+
+    return init_boxed
+
+
+def restore_params(config: ml_collections.ConfigDict, experiment: Experiment, workdir: pathlib.Path):
+    """The params of the latest checkpoint in workdir, on the first device."""
+    mesh = sharding.make_mesh({axis: 1 for axis in sharding.MESH_AXES}, jax.devices()[:1])
+    rules = [tuple(rule) for rule in config.sharding_rules]
+    init_boxed = state_builder(experiment, make_optimizer(config.optimizer))
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        state_shapes, _ = abstract_state(init_boxed, jax.random.key(config.seed), mesh, rules)
+    checkpointer = Checkpointer(workdir / "checkpoints", config.train.keep_checkpoints, 1)
+    step = checkpointer.latest_step()
+    if step is None:
+        raise UserError(f"no checkpoint in {workdir / 'checkpoints'}: train first with lm.main")
+    checkpointer.check_compatible(state_shapes)
+    params = checkpointer.restore(step, state_shapes).params
+    checkpointer.close()
+    return params
+
+
+def train(
+    config: ml_collections.ConfigDict, workdir: str, devices: list[jax.Device] | None = None
+) -> dict[str, float]:
+    """Trains to config.train.num_steps on devices (default: all); returns the last eval metrics
+    (prefixed 'eval_') and run facts."""
     tcfg = config.train
     workdir_path = prepare_workdir(workdir)
-    mesh = sharding.make_mesh(config.mesh.to_dict())
+    mesh = sharding.make_mesh(config.mesh.to_dict(), devices)
     sharding.check_batch(tcfg.batch_size, tcfg.grad_accum_steps, mesh)
     rules = [tuple(rule) for rule in config.sharding_rules]
     experiment = load_experiment(config)
     optimizer = make_optimizer(config.optimizer)
-    schedule = learning_rate_schedule(config.optimizer)
-
-    def init_boxed(rng):
-        params = experiment.init(rng)["params"]
-        return TrainState(step=jax.numpy.zeros((), jax.numpy.int32), params=params, opt_state=optimizer.init(params))
-
+    init_boxed = state_builder(experiment, optimizer)
     init_rng = jax.random.key(config.seed)
+
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         state_shapes, state_shardings = abstract_state(init_boxed, init_rng, mesh, rules)
         checkpointer = Checkpointer(workdir_path / "checkpoints", tcfg.keep_checkpoints, tcfg.checkpoint_every)
@@ -121,85 +148,97 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
             state = checkpointer.restore(start_step, state_shapes, train_iter)
             truncate_log(workdir_path / METRICS_FILE, start_step)
             print(f"resumed from step {start_step} in {workdir_path}")
+        if start_step >= tcfg.num_steps:
+            checkpointer.close()
+            print(f"already trained to step {start_step} (train.num_steps={tcfg.num_steps}); nothing to do")
+            return {"step": start_step}
 
-        batch_sharding = sharding.batch_sharding(mesh)
-        train_step = jax.jit(
-            make_train_step(experiment.loss, optimizer, schedule, tcfg.grad_accum_steps, config.seed),
-            in_shardings=(state_shardings, batch_sharding),
-            out_shardings=(state_shardings, None),
-            donate_argnums=0,
-        )
-        eval_step = jax.jit(
-            make_eval_step(experiment.loss), in_shardings=(state_shardings.params, batch_sharding)
-        )
-        eval_batches = [sharding.global_batch(b, mesh) for b in experiment.eval_data()]
-
-        num_params = count_params(state.params)
-        units_per_step = tcfg.batch_size * experiment.units_per_example
-        flops_per_step = tcfg.batch_size * experiment.flops_per_example(num_params)
-        peak = (tcfg.peak_flops or peak_flops_per_device()) * mesh.size
         writer = MetricWriter(workdir_path, tcfg.wandb_project, config.to_dict())
-        print(f"{num_params:,} parameters | mesh {dict(mesh.shape)} | {jax.devices()[0].device_kind}")
-
-        def evaluate(step: int) -> dict[str, float]:
-            results = mean_metrics([eval_step(state.params, b) for b in eval_batches])
-            results = {f"eval_{k}": v for k, v in results.items()}
-            writer.write_scalars(step, results)
-            print(f"step {step:>6} | eval loss {results['eval_loss']:.4f}")
-            return results
-
-        compile_start = time.perf_counter()
-        first_batch = sharding.global_batch(next(train_iter), mesh)
-        train_step = train_step.lower(state, first_batch).compile()
-        compile_seconds = time.perf_counter() - compile_start
-        print(f"compiled the train step in {compile_seconds:.1f}s")
-
-        stop = StopSignal()
-        step = start_step
-        last_eval = evaluate(step) if step == 0 else {}
-        pending: list[dict] = []
-        batch = first_batch
-        interval_start, interval_steps = time.perf_counter(), 0
-        while step < tcfg.num_steps and not stop.requested:
-            state, metrics = train_step(state, batch)
-            step += 1
-            pending.append(metrics)
-            interval_steps += 1
-            if step % tcfg.log_every == 0 or step == tcfg.num_steps:
-                scalars = mean_metrics(pending)
-                seconds = time.perf_counter() - interval_start
-                step_time = seconds / interval_steps
-                scalars.update(
-                    steps_per_second=1 / step_time,
-                    **{f"{experiment.unit}_per_second": units_per_step / step_time},
-                    mfu=flops_per_step / step_time / peak,
-                )
-                writer.write_scalars(step, scalars)
-                print(
-                    f"step {step:>6} | loss {scalars['loss']:.4f} | lr {scalars['learning_rate']:.2e} | "
-                    f"{units_per_step / step_time:,.0f} {experiment.unit}/s | MFU {scalars['mfu']:.1%} | "
-                    f"ETA {format_duration((tcfg.num_steps - step) * step_time)}"
-                )
-                pending = []
-                interval_start, interval_steps = time.perf_counter(), 0
-            if step % config.eval.every == 0 or step == tcfg.num_steps:
-                last_eval = evaluate(step)
-                interval_start, interval_steps = time.perf_counter(), 0
-            if step % tcfg.checkpoint_every == 0 or step == tcfg.num_steps or stop.requested:
-                # Saved before the next batch is drawn, so the data position matches the step.
-                checkpointer.save(step, state, train_iter, force=True)
-            if step < tcfg.num_steps:
-                batch = sharding.global_batch(next(train_iter), mesh)
-
-        if stop.requested:
-            print(f"SIGTERM: saved a checkpoint at step {step}; rerun the same command to resume")
-        elif step == tcfg.num_steps and start_step < step:
-            texts = experiment.texts(state.params)
-            writer.write_texts(step, texts)
-            for name, text in texts.items():
-                print(f"--- {name} ---\n{text}")
-        checkpointer.close()
-        writer.close()
-    summary = {**last_eval, "compile_seconds": compile_seconds, "num_params": num_params}
-    (workdir_path / "summary.json").write_text(json.dumps({"step": step, **summary}, indent=2))
+        try:
+            summary = _train_loop(config, experiment, mesh, state, state_shardings, train_iter,
+                                  optimizer, checkpointer, writer, start_step)
+        finally:
+            checkpointer.close()
+            writer.close()
+    (workdir_path / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def _train_loop(config, experiment, mesh, state, state_shardings, train_iter, optimizer,
+                checkpointer, writer, start_step) -> dict[str, float]:
+    tcfg = config.train
+    batch_sharding = sharding.batch_sharding(mesh)
+    schedule = learning_rate_schedule(config.optimizer)
+    train_step = jax.jit(
+        make_train_step(experiment.loss, optimizer, schedule, tcfg.grad_accum_steps, config.seed),
+        in_shardings=(state_shardings, batch_sharding),
+        out_shardings=(state_shardings, None),
+        donate_argnums=0,
+    )
+    eval_step = jax.jit(
+        make_eval_step(experiment.loss), in_shardings=(state_shardings.params, batch_sharding)
+    )
+    eval_batches = [sharding.global_batch(b, mesh) for b in experiment.eval_data()]
+
+    num_params = count_params(state.params)
+    units_per_step = tcfg.batch_size * experiment.units_per_example
+    flops_per_step = tcfg.batch_size * experiment.flops_per_example(num_params)
+    peak = (tcfg.peak_flops or peak_flops_per_device(mesh.devices.flat[0])) * mesh.size
+    print(f"{num_params:,} parameters | mesh {dict(mesh.shape)} | {mesh.devices.flat[0].device_kind}")
+
+    def evaluate(step: int) -> dict[str, float]:
+        results = mean_metrics([eval_step(state.params, b) for b in eval_batches])
+        results = {f"eval_{k}": v for k, v in results.items()}
+        writer.write_scalars(step, results)
+        print(f"step {step:>6} | eval loss {results['eval_loss']:.4f}")
+        return results
+
+    compile_start = time.perf_counter()
+    batch = sharding.global_batch(next(train_iter), mesh)
+    train_step = train_step.lower(state, batch).compile()
+    compile_seconds = time.perf_counter() - compile_start
+    print(f"compiled the train step in {compile_seconds:.1f}s")
+
+    stop = StopSignal()
+    step = start_step
+    last_eval = evaluate(step) if step == 0 else {}
+    pending: list[dict] = []
+    interval_start, interval_steps = time.perf_counter(), 0
+    while step < tcfg.num_steps and not stop.requested:
+        state, metrics = train_step(state, batch)
+        step += 1
+        pending.append(metrics)
+        interval_steps += 1
+        if step % tcfg.log_every == 0 or step == tcfg.num_steps:
+            scalars = mean_metrics(pending)
+            step_time = (time.perf_counter() - interval_start) / interval_steps
+            scalars.update(
+                steps_per_second=1 / step_time,
+                **{f"{experiment.unit}_per_second": units_per_step / step_time},
+                mfu=flops_per_step / step_time / peak,
+            )
+            writer.write_scalars(step, scalars)
+            print(
+                f"step {step:>6} | loss {scalars['loss']:.4f} | lr {scalars['learning_rate']:.2e} | "
+                f"{units_per_step / step_time:,.0f} {experiment.unit}/s | MFU {scalars['mfu']:.1%} | "
+                f"ETA {format_duration((tcfg.num_steps - step) * step_time)}"
+            )
+            pending = []
+            interval_start, interval_steps = time.perf_counter(), 0
+        if step % config.eval.every == 0 or step == tcfg.num_steps:
+            last_eval = evaluate(step)
+            interval_start, interval_steps = time.perf_counter(), 0
+        if step % tcfg.checkpoint_every == 0 or step == tcfg.num_steps or stop.requested:
+            # Saved before the next batch is drawn, so the data position matches the step.
+            checkpointer.save(step, state, train_iter, force=True)
+        if step < tcfg.num_steps:
+            batch = sharding.global_batch(next(train_iter), mesh)
+
+    if stop.requested:
+        print(f"SIGTERM: saved a checkpoint at step {step}; rerun the same command to resume")
+    else:
+        texts = experiment.texts(state.params)
+        writer.write_texts(step, texts)
+        for name, text in texts.items():
+            print(f"--- {name} ---\n{text}")
+    return {"step": step, **last_eval, "compile_seconds": compile_seconds, "num_params": num_params}

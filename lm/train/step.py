@@ -66,7 +66,7 @@ def make_train_step(
         metrics = dict(
             metrics,
             loss=loss,
-            grad_norm=optax.global_norm(grads),
+            grad_norm=optax.tree.norm(grads),
             learning_rate=learning_rate(state.step),
         )
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics

@@ -1,0 +1,29 @@
+"""Test set-up: 8 fake CPU devices (set before jax is imported) and the real data directory."""
+
+import os
+import pathlib
+import sys
+
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+
+import pytest  # noqa: E402
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> pathlib.Path:
+    """$LM_DATA_DIR, which must hold tinyshakespeare/input.txt (CI sets it to ../shared/data)."""
+    path = pathlib.Path(os.environ.get("LM_DATA_DIR", REPO.parent / "shared" / "data"))
+    if not (path / "tinyshakespeare" / "input.txt").is_file():
+        pytest.fail(f"set LM_DATA_DIR to the data folder: {path}/tinyshakespeare/input.txt not found")
+    os.environ["LM_DATA_DIR"] = str(path)
+    return path
+
+
+@pytest.fixture
+def test_config():
+    from configs.gpt_shakespeare import get_config
+
+    return get_config("test")

@@ -1,0 +1,87 @@
+"""The trainer end to end on the real Tiny Shakespeare data, with the `test` config."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from lm.train.loop import restore_params, train
+
+
+def logged(workdir, key="loss"):
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r[key] for r in records if key in r}
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory, data_dir):
+    """A 40-step run of the test config, shared by the tests that only read it."""
+    from configs.gpt_shakespeare import get_config
+
+    config = get_config("test")
+    config.train.num_steps = 40
+    config.optimizer.decay_steps = 40
+    workdir = tmp_path_factory.mktemp("trained")
+    summary = train(config, str(workdir), devices=jax.devices()[:1])
+    return config, workdir, summary
+
+
+def test_loss_falls_on_real_data(trained_run):
+    _, workdir, summary = trained_run
+    eval_loss = logged(workdir, "eval_loss")
+    assert eval_loss[0] == pytest.approx(np.log(65), abs=0.15)  # uniform over 65 characters at init
+    assert summary["eval_loss"] < eval_loss[0] - 0.6, eval_loss
+    for name in ["config.json", "tokenizer.json", "samples.txt", "summary.json"]:
+        assert (workdir / name).is_file(), name
+    assert list((workdir / "tensorboard").glob("events.out.tfevents.*"))
+    record = json.loads((workdir / "metrics.jsonl").read_text().splitlines()[1])
+    assert {"loss", "learning_rate", "grad_norm", "tokens_per_second", "mfu"} <= set(record)
+
+
+def test_resume_is_exact(tmp_path, data_dir, test_config):
+    test_config.train.log_every = 1
+    device = jax.devices()[:1]
+    straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
+    train(test_config, str(straight), devices=device)
+    test_config.train.num_steps = 10  # stop half way (the schedule still ends at step 20) ...
+    train(test_config, str(interrupted), devices=device)
+    test_config.train.num_steps = 20  # ... and rerun the same command to finish
+    train(test_config, str(interrupted), devices=device)
+
+    assert logged(straight) == logged(interrupted)  # the same batches, dropout keys and updates
+    for a, b in zip(
+        jax.tree.leaves(restore_params(test_config, _experiment(test_config), straight)),
+        jax.tree.leaves(restore_params(test_config, _experiment(test_config), interrupted)),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(a, b)
+
+
+def _experiment(config):
+    from lm.train.loop import load_experiment
+
+    return load_experiment(config)
+
+
+def test_sharded_8_device_mesh_matches_one_device(tmp_path, data_dir, test_config):
+    assert jax.device_count() == 8
+    test_config.train.num_steps = 10
+    test_config.train.log_every = 1
+    test_config.model.dropout = 0.1  # dropout masks must not depend on the layout either
+    train(test_config, str(tmp_path / "one"), devices=jax.devices()[:1])
+    test_config.mesh.update(data=2, fsdp=2, tensor=2)
+    train(test_config, str(tmp_path / "mesh"), devices=jax.devices())
+    one, mesh = logged(tmp_path / "one"), logged(tmp_path / "mesh")
+    assert one.keys() == mesh.keys()
+    np.testing.assert_allclose([mesh[s] for s in mesh], [one[s] for s in one], rtol=2e-5)
+
+
+def test_gradient_accumulation_matches_the_full_batch(tmp_path, data_dir, test_config):
+    test_config.train.num_steps = 5
+    test_config.train.log_every = 1
+    train(test_config, str(tmp_path / "full"), devices=jax.devices()[:1])
+    test_config.train.grad_accum_steps = 4
+    train(test_config, str(tmp_path / "accum"), devices=jax.devices()[:1])
+    full, accum = logged(tmp_path / "full"), logged(tmp_path / "accum")
+    np.testing.assert_allclose(list(accum.values()), list(full.values()), rtol=1e-5)
