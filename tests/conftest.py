@@ -27,3 +27,19 @@ def test_config():
     from configs.gpt_shakespeare import get_config
 
     return get_config("test")
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory, data_dir):
+    """A 40-step run of the test config on one device, shared by the tests that only read it."""
+    import jax
+
+    from configs.gpt_shakespeare import get_config
+    from lm.train.loop import train
+
+    config = get_config("test")
+    config.train.num_steps = 40
+    config.optimizer.decay_steps = 40
+    workdir = tmp_path_factory.mktemp("trained")
+    summary = train(config, str(workdir), devices=jax.devices()[:1])
+    return config, workdir, summary

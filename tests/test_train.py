@@ -14,19 +14,6 @@ def logged(workdir, key="loss"):
     return {r["step"]: r[key] for r in records if key in r}
 
 
-@pytest.fixture(scope="session")
-def trained_run(tmp_path_factory, data_dir):
-    """A 40-step run of the test config, shared by the tests that only read it."""
-    from configs.gpt_shakespeare import get_config
-
-    config = get_config("test")
-    config.train.num_steps = 40
-    config.optimizer.decay_steps = 40
-    workdir = tmp_path_factory.mktemp("trained")
-    summary = train(config, str(workdir), devices=jax.devices()[:1])
-    return config, workdir, summary
-
-
 def test_loss_falls_on_real_data(trained_run):
     _, workdir, summary = trained_run
     eval_loss = logged(workdir, "eval_loss")

@@ -7,11 +7,13 @@ import urllib.request
 from lm.errors import UserError
 
 DATA_DIR_ENV = "LM_DATA_DIR"
+OFFLINE_ENV = "LM_OFFLINE"  # set to skip download attempts
 CACHE_DIR = pathlib.Path(os.environ.get("LM_CACHE_DIR", "~/.cache/lm")).expanduser()
 
 
 def find_file(relative_path: str, url: str | None = None) -> pathlib.Path:
-    """Returns $LM_DATA_DIR/relative_path, else a cached download of url, else raises UserError."""
+    """Returns $LM_DATA_DIR/relative_path, else a cached download of url (unless $LM_OFFLINE is set),
+    else raises UserError naming every place it looked."""
     data_dir = os.environ.get(DATA_DIR_ENV)
     looked_at = []
     if data_dir:
@@ -23,11 +25,12 @@ def find_file(relative_path: str, url: str | None = None) -> pathlib.Path:
     if cached.is_file():
         return cached
     looked_at.append(str(cached))
-    if url is not None:
+    if url is not None and not os.environ.get(OFFLINE_ENV):
         try:
             cached.parent.mkdir(parents=True, exist_ok=True)
             partial = cached.with_suffix(cached.suffix + ".partial")
-            urllib.request.urlretrieve(url, partial)
+            with urllib.request.urlopen(url, timeout=60) as response:
+                partial.write_bytes(response.read())
             partial.rename(cached)
             return cached
         except OSError as e:

@@ -1,0 +1,99 @@
+"""The command line: bad input gets one line on stderr, exit code 2, and an untouched workdir."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+CONFIG = "--config=configs/gpt_shakespeare.py:test"
+
+
+def run(module, *args, env=None):
+    base = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as a user has
+    env = {**base, "JAX_PLATFORMS": "cpu", **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def assert_user_error(result, *fragments):
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr[-2000:]
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def snapshot(folder):
+    return {p: p.stat().st_mtime_ns for p in sorted(folder.rglob("*"))}
+
+
+@pytest.mark.parametrize(
+    "override, fragments",
+    [
+        ("--config.model.num_layerz=3", ["num_layerz", "num_layers"]),
+        ("--config.model.num_layers=abc", ["num_layers", "abc"]),
+        ("--config.optimizer.learning_rate=fast", ["learning_rate"]),
+        ("--config.model.norm_position=middle", ["norm_position", "middle"]),
+        ("--config.train.batch_size=7 --config.train.grad_accum_steps=2", ["grad_accum_steps"]),
+    ],
+)
+def test_bad_config_is_one_line_and_writes_nothing(tmp_path, data_dir, override, fragments):
+    workdir = tmp_path / "run"
+    assert_user_error(run("lm.main", CONFIG, f"--workdir={workdir}", *override.split()), *fragments)
+    assert not workdir.exists() or not any(workdir.iterdir())
+
+
+def test_unknown_variant(tmp_path):
+    result = run("lm.main", "--config=configs/gpt_shakespeare.py:huge", f"--workdir={tmp_path}")
+    assert_user_error(result, "huge")
+
+
+def test_batch_that_the_data_axes_do_not_divide(tmp_path, data_dir):
+    result = run(
+        "lm.main", CONFIG, f"--workdir={tmp_path}", "--config.train.batch_size=6",
+        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"},
+    )
+    assert_user_error(result, "batch", "4 batch shards")
+
+
+def test_missing_data_names_the_path(tmp_path):
+    empty = tmp_path / "nodata"
+    empty.mkdir()
+    result = run(
+        "lm.main", CONFIG, f"--workdir={tmp_path / 'run'}",
+        env={"LM_DATA_DIR": str(empty), "LM_CACHE_DIR": str(empty / "cache"), "LM_OFFLINE": "1"},
+    )
+    assert_user_error(result, str(empty / "tinyshakespeare" / "input.txt"), "LM_DATA_DIR")
+
+
+def test_unwritable_workdir(tmp_path, data_dir):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    assert_user_error(run("lm.main", CONFIG, f"--workdir={blocker / 'run'}"), "not writable", str(blocker))
+
+
+def test_checkpoint_of_another_model_shape_is_refused_untouched(trained_run):
+    _, workdir, _ = trained_run
+    before = snapshot(workdir)
+    result = run("lm.main", CONFIG, f"--workdir={workdir}", "--config.model.embed_dim=64")
+    assert_user_error(result, "does not fit this model", "new --workdir")
+    assert snapshot(workdir) == before
+
+
+def test_sampling_from_a_checkpoint(trained_run):
+    _, workdir, _ = trained_run
+    result = run("lm.sample", f"--workdir={workdir}", "--prompt=ROMEO:", "--max_new_tokens=40", "--top_k=5")
+    assert result.returncode == 0, result.stderr[-2000:]
+    text = result.stdout.rstrip("\n")
+    assert text.startswith("ROMEO:") and len(text) >= len("ROMEO:") + 30  # a trailing newline may be sampled
+    greedy = [run("lm.sample", f"--workdir={workdir}", "--prompt=A", "--max_new_tokens=30", "--temperature=0")
+              for _ in range(2)]
+    assert greedy[0].stdout == greedy[1].stdout and greedy[0].returncode == 0
+
+
+def test_sampling_from_an_empty_workdir(tmp_path):
+    assert_user_error(run("lm.sample", f"--workdir={tmp_path}"), "config.json")

@@ -1,0 +1,54 @@
+"""Meshes from config sizes, and parameters really sharded the way the rules say."""
+
+import jax
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from lm import sharding
+from lm.errors import UserError
+from lm.train.loop import abstract_state, load_experiment, state_builder
+from lm.train.optim import make_optimizer
+
+
+def test_mesh_shape_resolves_minus_one():
+    assert sharding.mesh_shape({"data": -1, "fsdp": 2, "tensor": 1}, 8) == (4, 2, 1)
+    assert sharding.mesh_shape({"data": 2, "fsdp": 2, "tensor": 2}, 8) == (2, 2, 2)
+
+
+@pytest.mark.parametrize(
+    "sizes, message",
+    [
+        ({"data": 3, "fsdp": -1, "tensor": 1}, "does not divide the 8 devices"),
+        ({"data": 2, "fsdp": 2, "tensor": 1}, "needs 4 devices but 8 are available"),
+        ({"data": -1, "fsdp": -1, "tensor": 1}, "at most one -1"),
+    ],
+)
+def test_bad_meshes_are_user_errors(sizes, message):
+    with pytest.raises(UserError, match=message):
+        sharding.mesh_shape(sizes, 8)
+
+
+def test_batch_must_divide_the_data_axes():
+    mesh = sharding.make_mesh({"data": 4, "fsdp": 2, "tensor": 1})
+    sharding.check_batch(16, 2, mesh)
+    with pytest.raises(UserError, match="not divisible by the 8 batch shards"):
+        sharding.check_batch(12, 1, mesh)
+    with pytest.raises(UserError, match="not divisible by train.grad_accum_steps"):
+        sharding.check_batch(16, 3, mesh)
+
+
+def test_parameters_are_sharded_by_the_logical_rules(data_dir, test_config):
+    mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    rules = [tuple(r) for r in test_config.sharding_rules]
+    init = state_builder(load_experiment(test_config), make_optimizer(test_config.optimizer))
+    with jax.set_mesh(mesh):
+        shapes, shardings = abstract_state(init, jax.random.key(0), mesh, rules)
+    params = shardings.params
+    assert params["block_0"]["mlp"]["up"]["kernel"].spec == P("fsdp", "tensor")
+    assert params["block_0"]["mlp"]["down"]["kernel"].spec == P("tensor", "fsdp")
+    assert params["block_0"]["attention"]["query"]["kernel"].spec == P("fsdp", "tensor", None)
+    assert params["token_embed"]["embedding"].spec == P("tensor", "fsdp")
+    # Adam's moments are sharded like the parameters they track.
+    adam_state = shardings.opt_state[1][0]
+    assert adam_state.mu["block_0"]["mlp"]["up"]["kernel"].spec == P("fsdp", "tensor")
+    assert shapes.params["token_embed"]["embedding"].shape == (64 * 2, 32)  # 65 chars padded to 128
