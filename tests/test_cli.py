@@ -1,11 +1,11 @@
 """The command line: bad input gets one line on stderr, exit code 2, and an untouched workdir."""
 
 import os
+import signal
 import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO
 
 CONFIG = "--config=configs/gpt_shakespeare.py:test"
@@ -97,3 +97,26 @@ def test_sampling_from_a_checkpoint(trained_run):
 
 def test_sampling_from_an_empty_workdir(tmp_path):
     assert_user_error(run("lm.sample", f"--workdir={tmp_path}"), "config.json")
+
+
+def test_sigterm_saves_a_checkpoint_and_the_rerun_resumes(tmp_path, data_dir):
+    workdir = tmp_path / "run"
+    args = [sys.executable, "-m", "lm.main", CONFIG, f"--workdir={workdir}", "--config.train.num_steps=100000",
+            "--config.train.log_every=1", "--config.eval.every=100000", "--config.train.checkpoint_every=100000"]
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    process = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in process.stdout:
+        if line.startswith("step     20 | loss"):
+            process.send_signal(signal.SIGTERM)
+            break
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err[-2000:]
+    assert "SIGTERM: saved a checkpoint at step" in out
+    saved = int(out.split("saved a checkpoint at step ")[1].split(";")[0])
+    assert 20 <= saved < 100000
+    assert [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()] == [saved]
+    result = run("lm.main", CONFIG, f"--workdir={workdir}", f"--config.train.num_steps={saved + 2}",
+                 "--config.train.log_every=1", "--config.eval.every=100000")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"resumed from step {saved}" in result.stdout
+    assert f"step {saved + 2:>6} | loss" in result.stdout
