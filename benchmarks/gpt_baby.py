@@ -17,12 +17,11 @@ import pathlib  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
 
-import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from lm.train.flops import measure_matmul_peak  # noqa: E402
+from lm.cpu import configure_cpu_devices  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", str(pathlib.Path(__file__).parents[1] / "configs/gpt_shakespeare.py:baby"), "Config.",
@@ -33,6 +32,8 @@ _WORKDIR = flags.DEFINE_string("workdir", "/tmp/lm_bench_baby", "Run folder (del
 
 def full_split_loss(experiment, params, tokens: np.ndarray, batch_size: int = 64) -> float:
     """Mean next-token loss over every non-overlapping window of the split (token weighted)."""
+    import jax
+
     length = experiment.config.data.context_length
     count = (len(tokens) - 1) // length
     windows = np.stack([tokens[i * length : i * length + length + 1] for i in range(count)])
@@ -48,9 +49,13 @@ def full_split_loss(experiment, params, tokens: np.ndarray, batch_size: int = 64
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
+    config = _CONFIG.value
+    configure_cpu_devices(config.train.batch_size // config.train.grad_accum_steps)
+    import jax
+
+    from lm.train.flops import measure_matmul_peak
     from lm.train.loop import restore_params, train
 
-    config = _CONFIG.value
     workdir = pathlib.Path(_WORKDIR.value)
     shutil.rmtree(workdir, ignore_errors=True)
     peak = measure_matmul_peak()  # before training, with the machine otherwise idle
