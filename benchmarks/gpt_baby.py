@@ -21,7 +21,7 @@ import numpy as np  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from lm.cpu import configure_cpu_devices  # noqa: E402
+from lm.cpu import keep_freed_memory  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", str(pathlib.Path(__file__).parents[1] / "configs/gpt_shakespeare.py:baby"), "Config.",
@@ -49,13 +49,14 @@ def full_split_loss(experiment, params, tokens: np.ndarray, batch_size: int = 64
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
-    config = _CONFIG.value
-    configure_cpu_devices(config.train.batch_size // config.train.grad_accum_steps)
+    keep_freed_memory()
     import jax
 
     from lm.train.flops import measure_matmul_peak
     from lm.train.loop import restore_params, train
 
+    config = _CONFIG.value
+    config.sample.max_new_tokens = 0  # time the training run as nanoGPT's train.py does: no sampling
     workdir = pathlib.Path(_WORKDIR.value)
     shutil.rmtree(workdir, ignore_errors=True)
     peak = measure_matmul_peak()  # before training, with the machine otherwise idle

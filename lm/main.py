@@ -10,7 +10,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from lm.cli import parse_flags, run_user_errors
-from lm.cpu import configure_cpu_devices
+from lm.cpu import keep_freed_memory
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file and variant, e.g. configs/gpt_shakespeare.py:baby", lock_config=True
@@ -23,11 +23,10 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO
-    config = _CONFIG.value
-    configure_cpu_devices(config.train.batch_size // max(1, config.train.grad_accum_steps))
-    from lm.train.loop import train  # jax is imported only now, after the CPU flags are set
+    keep_freed_memory()
+    from lm.train.loop import train  # after flag parsing, so --help and flag errors are quick
 
-    run_user_errors(lambda: train(config, _WORKDIR.value))
+    run_user_errors(lambda: train(_CONFIG.value, _WORKDIR.value))
 
 
 if __name__ == "__main__":

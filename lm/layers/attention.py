@@ -7,7 +7,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from lm.layers.linear import Einsum
+from lm.layers.linear import Linear
 from lm.layers.partitioning import constrain
 
 
@@ -38,11 +38,11 @@ class MultiHeadAttention(nn.Module):
             )
 
         def projection(heads: int, name: str) -> jax.Array:  # (B, T, D) -> (B, T, heads, Dh)
-            return Einsum(
-                "btd,dhk->bthk",
-                (embed_dim, heads, self.head_dim),
+            return Linear(
+                (embed_dim,),
+                (heads, self.head_dim),
                 ("embed", "heads", "kv"),
-                ("heads", "kv") if self.use_bias else None,
+                use_bias=self.use_bias,
                 dtype=self.dtype,
                 kernel_init=self.kernel_init,
                 name=name,
@@ -59,11 +59,11 @@ class MultiHeadAttention(nn.Module):
             out = jax.nn.dot_product_attention(q, k, v, mask=mask)
         out = constrain(out, ("batch", "length", "heads", "kv"))  # (B, T, H, Dh)
 
-        return Einsum(  # (B, T, H, Dh) -> (B, T, D)
-            "bthk,hkd->btd",
-            (self.num_heads, self.head_dim, embed_dim),
+        return Linear(  # (B, T, H, Dh) -> (B, T, D)
+            (self.num_heads, self.head_dim),
+            (embed_dim,),
             ("heads", "kv", "embed"),
-            ("embed",) if self.use_bias else None,
+            use_bias=self.use_bias,
             dtype=self.dtype,
             kernel_init=self.out_kernel_init,
             name="out",

@@ -7,7 +7,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from lm.layers.partitioning import constrain, param_init
+from lm.layers.linear import Linear
+from lm.layers.partitioning import constrain
 
 
 class Mlp(nn.Module):
@@ -22,20 +23,22 @@ class Mlp(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         embed_dim = x.shape[-1]
-        h = nn.Dense(  # (B, T, D) -> (B, T, F)
-            self.hidden_dim,
+        h = Linear(  # (B, T, D) -> (B, T, F)
+            (embed_dim,),
+            (self.hidden_dim,),
+            ("embed", "mlp"),
             use_bias=self.use_bias,
             dtype=self.dtype,
-            kernel_init=param_init(self.kernel_init, ("embed", "mlp")),
-            bias_init=param_init(nn.initializers.zeros, ("mlp",)),
+            kernel_init=self.kernel_init,
             name="up",
         )(x)
         h = constrain(nn.gelu(h, approximate=True), ("batch", "length", "mlp"))
-        return nn.Dense(  # (B, T, F) -> (B, T, D)
-            embed_dim,
+        return Linear(  # (B, T, F) -> (B, T, D)
+            (self.hidden_dim,),
+            (embed_dim,),
+            ("mlp", "embed"),
             use_bias=self.use_bias,
             dtype=self.dtype,
-            kernel_init=param_init(self.out_kernel_init, ("mlp", "embed")),
-            bias_init=param_init(nn.initializers.zeros, ("embed",)),
+            kernel_init=self.out_kernel_init,
             name="down",
         )(h)

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from lm.errors import UserError
-from lm.layers import Mlp, MultiHeadAttention, Norm, constrain, param_init
+from lm.layers import Linear, Mlp, MultiHeadAttention, Norm, constrain, param_init
 
 NORM_POSITIONS = ("pre", "post")
 
@@ -128,13 +128,14 @@ class GPT(nn.Module):
             x = Norm(dtype=cfg.compute_dtype, name="norm_final")(x)
 
         if cfg.tie_embeddings:
-            logits = token_embed.attend(x)  # (B, T, V)
+            logits = token_embed.attend(x.reshape(-1, cfg.embed_dim)).reshape(*x.shape[:-1], -1)  # (B, T, V)
         else:
-            logits = nn.Dense(
-                cfg.padded_vocab_size,
+            logits = Linear(
+                (cfg.embed_dim,),
+                (cfg.padded_vocab_size,),
+                ("embed", "vocab"),
                 use_bias=False,
                 dtype=cfg.compute_dtype,
-                kernel_init=param_init(nn.initializers.normal(0.02), ("embed", "vocab")),
                 name="lm_head",
             )(x)
         logits = constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))
