@@ -204,7 +204,7 @@ def _train_loop(config, experiment, mesh, state, state_shardings, train_iter, op
     last_eval = evaluate(step) if step == 0 else {}
     pending: list[dict] = []
     interval_start, interval_steps = time.perf_counter(), 0
-    while step < tcfg.num_steps and not stop.requested:
+    while True:
         state, metrics = train_step(state, batch)
         step += 1
         pending.append(metrics)
@@ -228,11 +228,14 @@ def _train_loop(config, experiment, mesh, state, state_shardings, train_iter, op
         if step % config.eval.every == 0 or step == tcfg.num_steps:
             last_eval = evaluate(step)
             interval_start, interval_steps = time.perf_counter(), 0
-        if step % tcfg.checkpoint_every == 0 or step == tcfg.num_steps or stop.requested:
-            # Saved before the next batch is drawn, so the data position matches the step.
+        if step >= tcfg.num_steps or stop.requested:
+            break
+        # The data iterator has given exactly `step` batches here, so a checkpoint taken now
+        # resumes with the batch an uninterrupted run would see next.
+        if step % tcfg.checkpoint_every == 0:
             checkpointer.save(step, state, train_iter, force=True)
-        if step < tcfg.num_steps:
-            batch = sharding.global_batch(next(train_iter), mesh)
+        batch = sharding.global_batch(next(train_iter), mesh)
+    checkpointer.save(step, state, train_iter, force=True)
 
     if stop.requested:
         print(f"SIGTERM: saved a checkpoint at step {step}; rerun the same command to resume")
