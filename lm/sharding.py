@@ -67,10 +67,15 @@ def check_batch(batch_size: int, grad_accum_steps: int, mesh: Mesh) -> None:
         raise UserError(f"train.batch_size={batch_size} is not divisible by {jax.process_count()} hosts")
 
 
+def logical_rules(config_rules) -> list[tuple]:
+    """The config's rules (tuples, or lists after a JSON round trip) as Flax wants them."""
+    return [(name, tuple(axes) if isinstance(axes, list) else axes) for name, axes in config_rules]
+
+
 def logical_shardings(abstract_tree, mesh: Mesh, rules: Rules):
     """NamedShardings for a tree of (possibly logically partitioned) abstract values."""
     specs = nn.get_partition_spec(abstract_tree)
-    return nn.logical_to_mesh_sharding(specs, mesh, list(rules))
+    return nn.logical_to_mesh_sharding(specs, mesh, rules)
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:

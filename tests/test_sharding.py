@@ -39,7 +39,7 @@ def test_batch_must_divide_the_data_axes():
 
 def test_parameters_are_sharded_by_the_logical_rules(data_dir, test_config):
     mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
-    rules = [tuple(r) for r in test_config.sharding_rules]
+    rules = sharding.logical_rules(test_config.sharding_rules)
     init = state_builder(load_experiment(test_config), make_optimizer(test_config.optimizer))
     with jax.set_mesh(mesh):
         shapes, shardings = abstract_state(init, jax.random.key(0), mesh, rules)

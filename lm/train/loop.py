@@ -101,7 +101,7 @@ def state_builder(experiment: Experiment, optimizer):
 def restore_params(config: ml_collections.ConfigDict, experiment: Experiment, workdir: pathlib.Path):
     """The params of the latest checkpoint in workdir, on the first device."""
     mesh = sharding.make_mesh({axis: 1 for axis in sharding.MESH_AXES}, jax.devices()[:1])
-    rules = [tuple(rule) for rule in config.sharding_rules]
+    rules = sharding.logical_rules(config.sharding_rules)
     init_boxed = state_builder(experiment, make_optimizer(config.optimizer))
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         state_shapes, _ = abstract_state(init_boxed, jax.random.key(config.seed), mesh, rules)
@@ -124,7 +124,7 @@ def train(
     workdir_path = prepare_workdir(workdir)
     mesh = sharding.make_mesh(config.mesh.to_dict(), devices)
     sharding.check_batch(tcfg.batch_size, tcfg.grad_accum_steps, mesh)
-    rules = [tuple(rule) for rule in config.sharding_rules]
+    rules = sharding.logical_rules(config.sharding_rules)
     experiment = load_experiment(config)
     optimizer = make_optimizer(config.optimizer)
     init_boxed = state_builder(experiment, optimizer)
