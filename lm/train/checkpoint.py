@@ -18,11 +18,11 @@ def path_name(path) -> str:
 class Checkpointer:
     """Saves (asynchronously) and restores {state, data iterator} in workdir/checkpoints."""
 
-    def __init__(self, directory: pathlib.Path, keep: int, every: int):
+    def __init__(self, directory: pathlib.Path, keep: int):
         self.manager = ocp.CheckpointManager(
             directory.absolute(),
             options=ocp.CheckpointManagerOptions(
-                max_to_keep=keep, save_interval_steps=every, enable_async_checkpointing=True
+                max_to_keep=keep, enable_async_checkpointing=True
             ),
             item_handlers={
                 "state": ocp.StandardCheckpointHandler(),
@@ -56,14 +56,15 @@ class Checkpointer:
                 f"{len(jax.tree.leaves(abstract_state))}; use a new --workdir"
             )
 
-    def save(self, step: int, state, data_iterator, force: bool = False) -> bool:
+    def save(self, step: int, state, data_iterator) -> bool:
+        """Saves now: the trainer decides when (so the data position always matches the step)."""
         return self.manager.save(
             step,
             args=ocp.args.Composite(
                 state=ocp.args.StandardSave(state),
                 data=grain.checkpoint.CheckpointSave(data_iterator),
             ),
-            force=force,
+            force=True,
         )
 
     def restore(self, step: int, abstract_state, data_iterator=None):

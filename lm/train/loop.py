@@ -105,7 +105,7 @@ def restore_params(config: ml_collections.ConfigDict, experiment: Experiment, wo
     init_boxed = state_builder(experiment, make_optimizer(config.optimizer))
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         state_shapes, _ = abstract_state(init_boxed, jax.random.key(config.seed), mesh, rules)
-    checkpointer = Checkpointer(workdir / "checkpoints", config.train.keep_checkpoints, 1)
+    checkpointer = Checkpointer(workdir / "checkpoints", config.train.keep_checkpoints)
     step = checkpointer.latest_step()
     if step is None:
         raise UserError(f"no checkpoint in {workdir / 'checkpoints'}: train first with lm.main")
@@ -132,7 +132,7 @@ def train(
 
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         state_shapes, state_shardings = abstract_state(init_boxed, init_rng, mesh, rules)
-        checkpointer = Checkpointer(workdir_path / "checkpoints", tcfg.keep_checkpoints, tcfg.checkpoint_every)
+        checkpointer = Checkpointer(workdir_path / "checkpoints", tcfg.keep_checkpoints)
         checkpointer.check_compatible(state_shapes)
         # Every check has passed: from here on the workdir is written to.
         (workdir_path / CONFIG_FILE).write_text(config.to_json_best_effort(indent=2))
@@ -233,9 +233,9 @@ def _train_loop(config, experiment, mesh, state, state_shardings, train_iter, op
         # The data iterator has given exactly `step` batches here, so a checkpoint taken now
         # resumes with the batch an uninterrupted run would see next.
         if step % tcfg.checkpoint_every == 0:
-            checkpointer.save(step, state, train_iter, force=True)
+            checkpointer.save(step, state, train_iter)
         batch = sharding.global_batch(next(train_iter), mesh)
-    checkpointer.save(step, state, train_iter, force=True)
+    checkpointer.save(step, state, train_iter)
 
     if stop.requested:
         print(f"SIGTERM: saved a checkpoint at step {step}; rerun the same command to resume")
