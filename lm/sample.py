@@ -7,7 +7,6 @@
 import json
 import pathlib
 
-import jax
 import ml_collections
 from absl import app, flags, logging
 
@@ -57,8 +56,7 @@ def main(argv: list[str]) -> None:
             )
             print(text if i == 0 else f"---\n{text}")
 
-    with jax.default_device(jax.devices()[0]):
-        run_user_errors(sample)
+    run_user_errors(sample)
 
 
 if __name__ == "__main__":

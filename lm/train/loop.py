@@ -55,8 +55,9 @@ def prepare_workdir(workdir: str) -> pathlib.Path:
 
 def abstract_state(init_boxed, rng, mesh, rules):
     """The state's shapes, dtypes and NamedShardings (from the logical axis names), no compute."""
-    shardings = sharding.logical_shardings(jax.eval_shape(init_boxed, rng), mesh, rules)
-    shapes = jax.eval_shape(lambda r: nn.unbox(init_boxed(r)), rng)
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        shardings = sharding.logical_shardings(jax.eval_shape(init_boxed, rng), mesh, rules)
+        shapes = jax.eval_shape(lambda r: nn.unbox(init_boxed(r)), rng)
     return jax.tree.map(
         lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings
     ), shardings
@@ -103,8 +104,7 @@ def restore_params(config: ml_collections.ConfigDict, experiment: Experiment, wo
     mesh = sharding.make_mesh({axis: 1 for axis in sharding.MESH_AXES}, jax.devices()[:1])
     rules = sharding.logical_rules(config.sharding_rules)
     init_boxed = state_builder(experiment, make_optimizer(config.optimizer))
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-        state_shapes, _ = abstract_state(init_boxed, jax.random.key(config.seed), mesh, rules)
+    state_shapes, _ = abstract_state(init_boxed, jax.random.key(config.seed), mesh, rules)
     checkpointer = Checkpointer(workdir / "checkpoints", config.train.keep_checkpoints)
     step = checkpointer.latest_step()
     if step is None:
