@@ -12,10 +12,13 @@ Variants (pick one after the colon):
          python -m lm.main --config=configs/gpt_shakespeare.py:test --workdir=/tmp/lm_test
 
 Any field can be overridden on the command line, e.g.
-  --config.model.norm_position=post --config.train.num_steps=500 --config.mesh.fsdp=2
+  --config.model.norm=rms --config.model.norm_position=post --config.model.mlp=swiglu
+  --config.model.position=rope --config.model.moe.num_experts=4 --config.mesh.fsdp=2
 """
 
 import ml_collections
+
+from lm.models.config import transformer_options
 
 
 def get_config(variant: str = "baby") -> ml_collections.ConfigDict:
@@ -28,17 +31,10 @@ def get_config(variant: str = "baby") -> ml_collections.ConfigDict:
     config.data.context_length = 64
     config.data.train_fraction = 0.9
 
-    config.model = ml_collections.ConfigDict()
-    config.model.num_layers = 4
-    config.model.num_heads = 4
-    config.model.num_kv_heads = 4
-    config.model.embed_dim = 128
-    config.model.mlp_ratio = 4
-    config.model.dropout = 0.0
-    config.model.norm_position = "pre"  # pre | post
+    # The block options (norm, mlp, position, moe, init, ...) are shared with every Transformer
+    # experiment: see lm/models/config.py.
+    config.model = transformer_options(num_layers=4, num_heads=4, num_kv_heads=4, embed_dim=128)
     config.model.tie_embeddings = True
-    config.model.use_bias = True
-    config.model.compute_dtype = "float32"  # float32 | bfloat16 (params stay float32)
     config.model.vocab_multiple = 64  # pad the vocabulary so it divides the 'tensor' mesh axis
 
     config.optimizer = ml_collections.ConfigDict()
@@ -72,14 +68,17 @@ def get_config(variant: str = "baby") -> ml_collections.ConfigDict:
     config.sample.temperature = 0.8
     config.sample.top_k = 40
 
-    # Mesh axis sizes; -1 takes all remaining devices. One device is a 1x1x1 mesh.
+    # Mesh axis sizes; -1 takes all remaining devices. One device is a 1x1x1x1 mesh.
     config.mesh = ml_collections.ConfigDict()
     config.mesh.data = -1
     config.mesh.fsdp = 1
+    config.mesh.expert = 1
     config.mesh.tensor = 1
     # Logical axis -> mesh axes, in priority order (a mesh axis is used once per array).
     config.sharding_rules = (
-        ("batch", ("data", "fsdp")),
+        ("expert", "expert"),
+        ("batch", ("data", "fsdp", "expert")),
+        ("batch", ("data", "fsdp")),  # arrays whose expert axis already takes the 'expert' mesh axis
         ("vocab", "tensor"),
         ("heads", "tensor"),
         ("mlp", "tensor"),

@@ -9,32 +9,21 @@ import numpy as np
 import optax
 
 from lm.data import text
-from lm.errors import UserError
 from lm.generate import generate
+from lm.layers.moe import moe_objective, parameter_counts
+from lm.models.config import transformer_config
 from lm.models.gpt import GPT, GPTConfig, flops_per_token
 
 TOKENIZER_FILE = "tokenizer.json"
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
 def gpt_config(config: ml_collections.ConfigDict, vocab_size: int) -> GPTConfig:
-    m = config.model
-    if m.compute_dtype not in DTYPES:
-        raise UserError(f"model.compute_dtype={m.compute_dtype!r}: use one of {sorted(DTYPES)}")
     return GPTConfig(
         vocab_size=vocab_size,
         context_length=config.data.context_length,
-        num_layers=m.num_layers,
-        num_heads=m.num_heads,
-        num_kv_heads=m.num_kv_heads,
-        embed_dim=m.embed_dim,
-        mlp_ratio=m.mlp_ratio,
-        dropout=m.dropout,
-        norm_position=m.norm_position,
-        tie_embeddings=m.tie_embeddings,
-        use_bias=m.use_bias,
-        compute_dtype=DTYPES[m.compute_dtype],
-        vocab_multiple=m.vocab_multiple,
+        transformer=transformer_config(config.model),
+        tie_embeddings=config.model.tie_embeddings,
+        vocab_multiple=config.model.vocab_multiple,
     )
 
 
@@ -60,11 +49,16 @@ class LanguageModel:
         return self.model.init({"params": rng}, tokens)
 
     def loss(self, params, batch, rng, train: bool):
-        logits = self.model.apply(
-            {"params": params}, batch["inputs"], train=train, rngs={"dropout": rng}
+        """Cross-entropy plus the weighted mixture-of-experts auxiliary losses (zero when dense)."""
+        logits, collections = self.model.apply(
+            {"params": params}, batch["inputs"], train=train, rngs={"dropout": rng}, mutable=["moe"]
         )  # (B, T, V)
-        loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"]).mean()
-        return loss, {}
+        cross_entropy = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"]).mean()
+        moe = self.config.model.moe
+        aux_loss, moe_metrics = moe_objective(
+            collections.get("moe", {}), moe.load_balance_weight, moe.router_z_weight
+        )
+        return cross_entropy + aux_loss, {"cross_entropy": cross_entropy, **moe_metrics}
 
     def train_data(self, batch_size: int, seed: int, shard: tuple[int, int]):
         return text.train_windows(
@@ -77,8 +71,11 @@ class LanguageModel:
             self.val_tokens, self.config.data.context_length, e.batch_size, e.num_batches, seed=0
         )
 
-    def flops_per_example(self, num_params: int) -> float:
-        return flops_per_token(self.model.config, num_params) * self.config.data.context_length
+    def active_params(self, params) -> int:
+        return parameter_counts(params, self.config.model.moe.top_k)[1]
+
+    def flops_per_example(self, active_params: int) -> float:
+        return flops_per_token(self.model.config, active_params) * self.config.data.context_length
 
     def save_assets(self, workdir: pathlib.Path) -> None:
         self.tokenizer.save(workdir / TOKENIZER_FILE)

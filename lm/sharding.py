@@ -1,8 +1,10 @@
 """Device meshes and logical-axis sharding.
 
-The mesh has three axes, (data, fsdp, tensor); the config gives their sizes (-1 = the rest of the
-devices). Parameters and activations carry logical axis names; the config's rules map them onto
-mesh axes, so data parallel, FSDP and tensor parallel are config changes.
+The mesh has four axes, (data, fsdp, expert, tensor); the config gives their sizes (-1 = the rest
+of the devices). Parameters and activations carry logical axis names; the config's rules map them
+onto mesh axes, so data parallel, FSDP, expert parallel and tensor parallel are config changes.
+The batch is split over data, fsdp and expert: devices along the expert axis hold different tokens
+for the dense layers and different experts for the mixture-of-experts layers.
 """
 
 import math
@@ -15,8 +17,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from lm.errors import UserError
 
-MESH_AXES = ("data", "fsdp", "tensor")
-BATCH_MESH_AXES = ("data", "fsdp")  # the mesh axes the batch dimension is split over
+MESH_AXES = ("data", "fsdp", "expert", "tensor")
+BATCH_MESH_AXES = ("data", "fsdp", "expert")  # the mesh axes the batch dimension is split over
 
 Rules = Sequence[tuple[str, str | tuple[str, ...] | None]]
 
@@ -61,7 +63,7 @@ def check_batch(batch_size: int, grad_accum_steps: int, mesh: Mesh) -> None:
     if micro % shards:
         raise UserError(
             f"micro-batch {micro} (train.batch_size / train.grad_accum_steps) is not divisible by "
-            f"the {shards} batch shards of mesh data x fsdp; change the batch size or the mesh"
+            f"the {shards} batch shards of mesh data x fsdp x expert; change the batch size or the mesh"
         )
     if batch_size % jax.process_count():
         raise UserError(f"train.batch_size={batch_size} is not divisible by {jax.process_count()} hosts")
@@ -83,7 +85,7 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 
 
 def global_batch(local_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
-    """Assembles each process's slice of the batch into global arrays split over data x fsdp."""
+    """Assembles each process's slice of the batch into global arrays split over data x fsdp x expert."""
     sharding = batch_sharding(mesh)
     return jax.tree.map(
         lambda x: jax.make_array_from_process_local_data(sharding, x), local_batch

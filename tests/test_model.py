@@ -1,14 +1,23 @@
 """GPT invariants: causality, KV-cache decoding, norm placement, logical axis names."""
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from lm.generate import empty_cache, generate
+from lm.layers.transformer import MoeConfig, TransformerConfig
 from lm.models.gpt import GPT, GPTConfig
 
-CONFIG = GPTConfig(vocab_size=11, context_length=12, num_layers=2, num_heads=4, num_kv_heads=2, embed_dim=16)
+BLOCKS = TransformerConfig(num_layers=2, embed_dim=16, num_heads=4, num_kv_heads=2)
+CONFIG = GPTConfig(vocab_size=11, context_length=12, transformer=BLOCKS)
+
+
+def with_blocks(**changes) -> GPTConfig:
+    return dataclasses.replace(CONFIG, transformer=dataclasses.replace(BLOCKS, **changes))
 
 
 def init(config=CONFIG, seed=0):
@@ -32,8 +41,13 @@ def test_changing_later_tokens_leaves_earlier_logits_unchanged():
     assert not np.allclose(logits[:, t + 1 :], logits_changed[:, t + 1 :], atol=1e-3)
 
 
-def test_kv_cache_decoding_equals_full_recomputation():
-    model, params = init()
+@pytest.mark.parametrize(
+    "changes",
+    [{}, {"position": "rope"}, {"position": "alibi", "norm": "rms", "mlp": "swiglu"},
+     {"position": "sinusoidal", "moe": MoeConfig(num_experts=4, top_k=2, capacity_factor=4.0)}],
+)
+def test_kv_cache_decoding_equals_full_recomputation(changes):
+    model, params = init(with_blocks(**changes))
     tokens = random_tokens((2, 12))
     full = model.apply({"params": params}, tokens)  # (B, T, V)
     cache = empty_cache(model, batch_size=2)
@@ -74,22 +88,37 @@ def test_greedy_generation_matches_recomputation_over_its_windows():
     assert not np.array_equal(out[:, 3:], greedy_reference(model, params, out, lambda p: max(0, p - 12)))
 
 
+@pytest.mark.parametrize("position", ["none", "sinusoidal", "rope", "alibi"])
+def test_functional_positions_run_past_the_training_length(position):
+    model, params = init(with_blocks(position=position))  # context_length 12
+    tokens = random_tokens((2, 30))
+    logits = model.apply({"params": params}, tokens)
+    assert logits.shape == (2, 30, CONFIG.vocab_size) and np.all(np.isfinite(logits))
+    # Still causal, and the first 12 positions are what the model computes on 12 tokens.
+    np.testing.assert_allclose(logits[:, :12], model.apply({"params": params}, tokens[:, :12]), atol=1e-5)
+
+
+def test_learned_positions_refuse_sequences_past_their_table():
+    model, params = init()
+    with pytest.raises(ValueError, match="learned positions cover 12 tokens, got a sequence of 13"):
+        model.apply({"params": params}, random_tokens((1, 13)))
+
+
 def test_pre_and_post_norm_build_different_graphs():
     pre_model, pre_params = init(CONFIG)
-    post_config = GPTConfig(**{**CONFIG.__dict__, "norm_position": "post"})
-    post_model, post_params = init(post_config)
-    assert "norm_final" in pre_params and "norm_final" not in post_params
+    post_model, post_params = init(with_blocks(norm_position="post"))
+    assert "norm_final" in pre_params["decoder"] and "norm_final" not in post_params["decoder"]
     tokens = random_tokens((1, 12))
     pre = pre_model.apply({"params": pre_params}, tokens)
     # Same weights for the shared parameters, different placement: different outputs.
-    shared = {k: v for k, v in pre_params.items() if k in post_params}
+    shared = dict(pre_params, decoder={k: v for k, v in pre_params["decoder"].items() if k != "norm_final"})
     post = post_model.apply({"params": shared}, tokens)
     assert not np.allclose(pre, post, atol=1e-3)
 
 
 def test_untied_head_adds_an_output_matrix():
     tied_model, tied = init()
-    untied_model, untied = init(GPTConfig(**{**CONFIG.__dict__, "tie_embeddings": False}))
+    untied_model, untied = init(dataclasses.replace(CONFIG, tie_embeddings=False))
     assert "lm_head" in untied and "lm_head" not in tied
     assert untied["lm_head"]["kernel"].shape == (16, 64)  # vocab padded to a multiple of 64
 
@@ -102,13 +131,12 @@ def test_every_parameter_carries_logical_axis_names():
     for leaf in leaves:
         assert len(leaf.names) == leaf.value.ndim
     specs = nn.get_partition_spec(boxed)
-    assert tuple(specs["block_0"]["mlp"]["up"]["kernel"]) == ("embed", "mlp")
-    assert tuple(specs["block_0"]["attention"]["query"]["kernel"]) == ("embed", "heads", "kv")
+    assert tuple(specs["decoder"]["block_0"]["mlp"]["up"]["kernel"]) == ("embed", "mlp")
+    assert tuple(specs["decoder"]["block_0"]["attention"]["query"]["kernel"]) == ("embed", "heads", "kv")
 
 
 def test_bfloat16_compute_keeps_float32_params():
-    config = GPTConfig(**{**CONFIG.__dict__, "compute_dtype": jnp.bfloat16})
-    model, params = init(config)
+    model, params = init(with_blocks(dtype=jnp.bfloat16))
     assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(params))
     logits = model.apply({"params": params}, random_tokens((1, 12)))
     assert logits.dtype == jnp.float32

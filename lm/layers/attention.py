@@ -1,4 +1,11 @@
-"""Multi-head self-attention with grouped key/value heads and a KV cache for decoding."""
+"""Multi-head attention: self or cross, grouped key/value heads, masks, RoPE/ALiBi, KV cache.
+
+One module serves every model. The fused path goes through `jax.nn.dot_product_attention`
+(cuDNN flash attention on GPU where it applies, XLA elsewhere). The explicit path computes the
+softmax weights itself; it runs when they are needed: dropout on the weights during training,
+or `capture_weights=True`, which sows them as 'intermediates'/'attention_weights' (B, H, T, S)
+for visualisation. Both paths give the same output.
+"""
 
 from collections.abc import Callable
 from typing import Any
@@ -9,36 +16,101 @@ import jax.numpy as jnp
 
 from lm.layers.linear import Linear
 from lm.layers.partitioning import constrain
+from lm.layers.positions import alibi_bias, apply_rope
+
+ACTIVATION_AXES = ("batch", "length", "heads", "kv")
+
+
+def padding_mask(key_valid: jax.Array) -> jax.Array:
+    """key_valid (B, S) bool -> (B, 1, 1, S): no query attends to a padding key."""
+    return key_valid[:, None, None, :]
+
+
+def causal_mask(query_positions: jax.Array, key_positions: jax.Array) -> jax.Array:
+    """(T,), (S,) absolute positions -> (1, 1, T, S): a query sees keys at its position or before."""
+    return (key_positions[None, :] <= query_positions[:, None])[None, None]
+
+
+def combine_masks(*masks: jax.Array | None) -> jax.Array | None:
+    """Logical AND of the masks given (None = no constraint), broadcast together."""
+    present = [m for m in masks if m is not None]
+    if not present:
+        return None
+    combined = present[0]
+    for mask in present[1:]:
+        combined = jnp.logical_and(combined, mask)
+    return combined
+
+
+def attention_weights(q: jax.Array, k: jax.Array, bias: jax.Array | None, mask: jax.Array | None) -> jax.Array:
+    """softmax(q.k / sqrt(Dh) + bias) over keys, masked: q (B, T, H, Dh), k (B, S, K, Dh) -> (B, H, T, S)."""
+    batch, length, num_heads, head_dim = q.shape
+    kv_heads = k.shape[2]
+    grouped = q.reshape(batch, length, kv_heads, num_heads // kv_heads, head_dim)  # (B, T, K, G, Dh)
+    logits = jnp.einsum("btkgd,bskd->bkgts", grouped, k, preferred_element_type=jnp.float32)
+    logits = logits.reshape(batch, num_heads, length, k.shape[1]) / jnp.sqrt(head_dim).astype(jnp.float32)
+    if bias is not None:
+        logits = logits + bias
+    if mask is not None:  # a fully masked row comes out uniform, as in the fused path
+        logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+    return jax.nn.softmax(logits, axis=-1)
+
+
+def weighted_values(weights: jax.Array, v: jax.Array) -> jax.Array:
+    """weights (B, H, T, S), v (B, S, K, Dh) -> (B, T, H, Dh)."""
+    batch, num_heads, length, keys = weights.shape
+    kv_heads = v.shape[2]
+    grouped = weights.reshape(batch, kv_heads, num_heads // kv_heads, length, keys).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", grouped, v)  # (B, T, K, G, Dh)
+    return out.reshape(batch, length, num_heads, v.shape[-1])
 
 
 class MultiHeadAttention(nn.Module):
-    """Self-attention through `jax.nn.dot_product_attention` (fused kernels where available).
+    """Attention from x (B, T, D) to kv (B, S, D) (kv=None: self-attention) -> (B, T, D).
 
-    `num_kv_heads` < `num_heads` gives grouped-query attention (1 = multi-query).
-    Decoding (causal only): call with `cache_index` (a scalar, the absolute position of x[:, 0]); keys and values
-    are written into a 'cache' collection of length `cache_length` (fixed when the cache is
-    initialised, from the length of the input given to `init`).
+    num_kv_heads < num_heads gives grouped-query attention (1 = multi-query).
+    causal: query i sees keys at positions <= i. mask: bool, broadcastable to (B, H, T, S), True
+    where a query may attend (padding via `padding_mask`, or any pattern); combined with causal.
+    position: 'rope' rotates q and k, 'alibi' biases the scores, anything else does nothing here
+    (positions in self-attention only). positions: (T,) absolute positions of x, default 0..T-1.
+    Decoding (self-attention): pass cache_index, the absolute position of x[:, 0]; keys and values
+    go into a 'cache' collection whose length is fixed by the input given to `init`.
     """
 
     num_heads: int
     num_kv_heads: int
     head_dim: int
-    causal: bool = True
+    causal: bool = False
+    position: str = "none"
+    rope_base: float = 10000.0
+    dropout: float = 0.0  # on the attention weights
     use_bias: bool = True
     dtype: Any = jnp.float32
     kernel_init: Callable = nn.initializers.normal(0.02)
     out_kernel_init: Callable = nn.initializers.normal(0.02)
 
     @nn.compact
-    def __call__(self, x: jax.Array, cache_index: jax.Array | None = None) -> jax.Array:
-        batch, length, embed_dim = x.shape
+    def __call__(
+        self,
+        x: jax.Array,
+        kv: jax.Array | None = None,
+        *,
+        mask: jax.Array | None = None,
+        positions: jax.Array | None = None,
+        cache_index: jax.Array | None = None,
+        train: bool = False,
+        capture_weights: bool = False,
+    ) -> jax.Array:
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
-            )
+            raise ValueError(f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}")
+        self_attention = kv is None
+        if cache_index is not None and not self_attention:
+            raise ValueError("the KV cache is for self-attention; pass kv=None when decoding")
+        kv = x if self_attention else kv
+        embed_dim = x.shape[-1]
 
-        def projection(heads: int, name: str) -> jax.Array:  # (B, T, D) -> (B, T, heads, Dh)
-            return Linear(
+        def projection(source: jax.Array, heads: int, name: str) -> jax.Array:  # (B, L, D) -> (B, L, heads, Dh)
+            y = Linear(
                 (embed_dim,),
                 (heads, self.head_dim),
                 ("embed", "heads", "kv"),
@@ -46,18 +118,45 @@ class MultiHeadAttention(nn.Module):
                 dtype=self.dtype,
                 kernel_init=self.kernel_init,
                 name=name,
-            )(x)
+            )(source)
+            return constrain(y, ACTIVATION_AXES)
 
-        q = constrain(projection(self.num_heads, "query"), ("batch", "length", "heads", "kv"))
-        k = constrain(projection(self.num_kv_heads, "key"), ("batch", "length", "heads", "kv"))
-        v = constrain(projection(self.num_kv_heads, "value"), ("batch", "length", "heads", "kv"))
+        q = projection(x, self.num_heads, "query")  # (B, T, H, Dh)
+        k = projection(kv, self.num_kv_heads, "key")  # (B, S, K, Dh)
+        v = projection(kv, self.num_kv_heads, "value")  # (B, S, K, Dh)
 
-        if cache_index is None:
-            out = jax.nn.dot_product_attention(q, k, v, is_causal=self.causal)
+        length = x.shape[1]
+        if positions is None:
+            positions = jnp.arange(length) if cache_index is None else cache_index + jnp.arange(length)
+        if self_attention and self.position == "rope":
+            q = apply_rope(q, positions, self.rope_base)
+            k = apply_rope(k, positions, self.rope_base)
+
+        use_causal_flag = self.causal and cache_index is None
+        key_positions = positions if self_attention else jnp.arange(kv.shape[1])
+        if cache_index is not None:
+            k, v = self._update_cache(k, v, cache_index)
+            key_positions = jnp.arange(k.shape[1])
+            mask = combine_masks(mask, causal_mask(positions, key_positions))
+        bias = None
+        if self_attention and self.position == "alibi":
+            bias = alibi_bias(self.num_heads, positions, key_positions, self.causal)
+
+        if capture_weights or (train and self.dropout > 0):
+            if use_causal_flag:
+                mask = combine_masks(mask, causal_mask(positions, key_positions))
+            weights = attention_weights(q, k, bias, mask)  # (B, H, T, S)
+            if capture_weights:
+                self.sow("intermediates", "attention_weights", weights)
+            weights = nn.Dropout(self.dropout, deterministic=not train)(weights)
+            out = weighted_values(weights, v)
         else:
-            k, v, mask = self._update_cache(k, v, cache_index)
-            out = jax.nn.dot_product_attention(q, k, v, mask=mask)
-        out = constrain(out, ("batch", "length", "heads", "kv"))  # (B, T, H, Dh)
+            if mask is not None:
+                mask = jnp.broadcast_to(mask, (mask.shape[0], mask.shape[1], length, k.shape[1]))
+            out = jax.nn.dot_product_attention(
+                q, k, v, bias=None if bias is None else bias.astype(q.dtype), mask=mask, is_causal=use_causal_flag
+            )
+        out = constrain(out, ACTIVATION_AXES)  # (B, T, H, Dh)
 
         return Linear(  # (B, T, H, Dh) -> (B, T, D)
             (self.num_heads, self.head_dim),
@@ -69,19 +168,13 @@ class MultiHeadAttention(nn.Module):
             name="out",
         )(out)
 
-    def _update_cache(self, k: jax.Array, v: jax.Array, cache_index: jax.Array):
-        """Writes k, v (B, T, K, Dh) at cache_index; returns the full cache and its mask."""
-        batch, length, kv_heads, head_dim = k.shape
+    def _update_cache(self, k: jax.Array, v: jax.Array, cache_index: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Writes k, v (B, T, K, Dh) at cache_index; returns the whole cache (B, S, K, Dh) each."""
         cached_k = self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
         cached_v = self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
         if self.is_initializing():  # the cache takes the shape of the input given to init
-            return k, v, None
-        cache_length = cached_k.value.shape[1]
+            return k, v
         start = (0, cache_index, 0, 0)
         cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k.astype(cached_k.value.dtype), start)
         cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v.astype(cached_v.value.dtype), start)
-        # Query i sits at absolute position cache_index + i and sees keys at positions <= that.
-        query_pos = cache_index + jnp.arange(length)[:, None]  # (T, 1)
-        key_pos = jnp.arange(cache_length)[None, :]  # (1, S)
-        mask = (key_pos <= query_pos)[None, None]  # (1, 1, T, S)
-        return cached_k.value, cached_v.value, jnp.broadcast_to(mask, (batch, 1, length, cache_length))
+        return cached_k.value, cached_v.value

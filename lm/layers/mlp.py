@@ -1,4 +1,4 @@
-"""Position-wise feed-forward block."""
+"""Position-wise feed-forward blocks: classic (GELU or ReLU) and SwiGLU."""
 
 from collections.abc import Callable
 from typing import Any
@@ -10,10 +10,24 @@ import jax.numpy as jnp
 from lm.layers.linear import Linear
 from lm.layers.partitioning import constrain
 
+MLP_KINDS = ("gelu", "relu", "swiglu")
+ACTIVATIONS = {"gelu": lambda h: nn.gelu(h, approximate=True), "relu": nn.relu}
+
+
+def mlp_hidden_dim(kind: str, embed_dim: int, mlp_ratio: float, multiple: int) -> int:
+    """The hidden width: mlp_ratio * D for the classic MLP; for SwiGLU, which has three matrices
+    instead of two, 2/3 of that (8D/3 at ratio 4) rounded to the nearest multiple, so both have
+    about the same parameter count (within 1% when the multiple is small next to the width)."""
+    classic = round(mlp_ratio * embed_dim)
+    if kind != "swiglu":
+        return classic
+    return max(multiple, multiple * round(2 * classic / 3 / multiple))
+
 
 class Mlp(nn.Module):
-    """W2 gelu(W1 x): embed -> hidden -> embed."""
+    """classic: W_down act(W_up x); swiglu: W_down (silu(W_gate x) * W_up x). embed -> hidden -> embed."""
 
+    kind: str
     hidden_dim: int
     use_bias: bool = True
     dtype: Any = jnp.float32
@@ -22,18 +36,27 @@ class Mlp(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
+        if self.kind not in MLP_KINDS:
+            raise ValueError(f"MLP kind {self.kind!r}: use one of {MLP_KINDS}")
         embed_dim = x.shape[-1]
-        h = Linear(  # (B, T, D) -> (B, T, F)
-            (embed_dim,),
-            (self.hidden_dim,),
-            ("embed", "mlp"),
-            use_bias=self.use_bias,
-            dtype=self.dtype,
-            kernel_init=self.kernel_init,
-            name="up",
-        )(x)
-        h = constrain(nn.gelu(h, approximate=True), ("batch", "length", "mlp"))
-        return Linear(  # (B, T, F) -> (B, T, D)
+
+        def project_in(name: str) -> jax.Array:  # (..., D) -> (..., F)
+            return Linear(
+                (embed_dim,),
+                (self.hidden_dim,),
+                ("embed", "mlp"),
+                use_bias=self.use_bias,
+                dtype=self.dtype,
+                kernel_init=self.kernel_init,
+                name=name,
+            )(x)
+
+        if self.kind == "swiglu":
+            h = nn.silu(project_in("gate")) * project_in("up")
+        else:
+            h = ACTIVATIONS[self.kind](project_in("up"))
+        h = constrain(h, ("batch", "length", "mlp")[-h.ndim :])
+        return Linear(  # (..., F) -> (..., D)
             (self.hidden_dim,),
             (embed_dim,),
             ("mlp", "embed"),

@@ -1,4 +1,4 @@
-"""Normalisation layers."""
+"""Normalisation over the last (embed) axis: LayerNorm or RMSNorm."""
 
 from typing import Any
 
@@ -8,18 +8,25 @@ import jax.numpy as jnp
 
 from lm.layers.partitioning import param_init
 
+NORM_KINDS = ("layer", "rms")
+
 
 class Norm(nn.Module):
-    """LayerNorm over the last (embed) axis, with logically named scale and bias."""
+    """layer: (x - mean) / sqrt(var + eps) * g + b.  rms: x / sqrt(mean(x^2) + eps) * g (no bias, no centring).
 
+    Statistics are computed in float32 whatever the compute dtype.
+    """
+
+    kind: str = "layer"
     dtype: Any = jnp.float32
     epsilon: float = 1e-5
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        return nn.LayerNorm(
-            epsilon=self.epsilon,
-            dtype=self.dtype,
-            scale_init=param_init(nn.initializers.ones, ("embed",)),
-            bias_init=param_init(nn.initializers.zeros, ("embed",)),
-        )(x)
+        scale_init = param_init(nn.initializers.ones, ("embed",))
+        if self.kind == "layer":
+            bias_init = param_init(nn.initializers.zeros, ("embed",))
+            return nn.LayerNorm(epsilon=self.epsilon, dtype=self.dtype, scale_init=scale_init, bias_init=bias_init)(x)
+        if self.kind == "rms":
+            return nn.RMSNorm(epsilon=self.epsilon, dtype=self.dtype, scale_init=scale_init)(x)
+        raise ValueError(f"norm kind {self.kind!r}: use one of {NORM_KINDS}")

@@ -1,89 +1,32 @@
 """GPT: a decoder-only Transformer language model.
 
-tokens (B, T) -> token + learned position embedding -> num_layers x Block -> [final norm] -> logits
-(B, T, V). Blocks are pre-norm (x + f(norm(x)), with a final norm) or post-norm
-(norm(x + f(x)), the 2017 original, no final norm). GPT-2 initialisation: N(0, 0.02) weights,
-residual output projections scaled by 1/sqrt(2 * num_layers).
+tokens (B, T) -> token embedding [+ position table] -> TransformerStack (causal) -> logits (B, T, V).
+Every block option (norm, MLP, positions, MoE, init, ...) comes from the TransformerConfig; see
+lm/layers/transformer.py.
 """
 
 import dataclasses
-import math
-from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from lm.errors import UserError
-from lm.layers import Linear, Mlp, MultiHeadAttention, Norm, constrain, param_init
-
-NORM_POSITIONS = ("pre", "post")
+from lm.layers import Linear, constrain, param_init
+from lm.layers.positions import PositionEmbedding
+from lm.layers.transformer import TransformerConfig, TransformerStack
 
 
 @dataclasses.dataclass(frozen=True)
 class GPTConfig:
     vocab_size: int
-    context_length: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    embed_dim: int
-    mlp_ratio: int = 4
-    dropout: float = 0.0
-    norm_position: str = "pre"
+    context_length: int  # the training length; the learned position table has this many rows
+    transformer: TransformerConfig
     tie_embeddings: bool = True
-    use_bias: bool = True
-    compute_dtype: Any = jnp.float32
     vocab_multiple: int = 64  # embedding rows are padded to a multiple, so 'vocab' can be sharded
 
     @property
     def padded_vocab_size(self) -> int:
         return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
-
-    def __post_init__(self):
-        if self.norm_position not in NORM_POSITIONS:
-            raise UserError(f"model.norm_position={self.norm_position!r}: use one of {NORM_POSITIONS}")
-        if self.embed_dim % self.num_heads:
-            raise UserError(
-                f"model.embed_dim={self.embed_dim} is not divisible by model.num_heads={self.num_heads}"
-            )
-
-
-class Block(nn.Module):
-    config: GPTConfig
-
-    @nn.compact
-    def __call__(self, x: jax.Array, train: bool, cache_index: jax.Array | None) -> jax.Array:
-        cfg = self.config
-        residual_init = nn.initializers.normal(0.02 / math.sqrt(2 * cfg.num_layers))
-        attention = MultiHeadAttention(
-            num_heads=cfg.num_heads,
-            num_kv_heads=cfg.num_kv_heads,
-            head_dim=cfg.embed_dim // cfg.num_heads,
-            causal=True,
-            use_bias=cfg.use_bias,
-            dtype=cfg.compute_dtype,
-            out_kernel_init=residual_init,
-            name="attention",
-        )
-        mlp = Mlp(
-            hidden_dim=cfg.mlp_ratio * cfg.embed_dim,
-            use_bias=cfg.use_bias,
-            dtype=cfg.compute_dtype,
-            out_kernel_init=residual_init,
-            name="mlp",
-        )
-        dropout = nn.Dropout(cfg.dropout, deterministic=not train)
-        norm_attention = Norm(dtype=cfg.compute_dtype, name="norm_attention")
-        norm_mlp = Norm(dtype=cfg.compute_dtype, name="norm_mlp")
-
-        if cfg.norm_position == "pre":
-            x = x + dropout(attention(norm_attention(x), cache_index))
-            x = x + dropout(mlp(norm_mlp(x)))
-        else:
-            x = norm_attention(x + dropout(attention(x, cache_index)))
-            x = norm_mlp(x + dropout(mlp(x)))
-        return constrain(x, ("batch", "length", "embed"))
 
 
 class GPT(nn.Module):
@@ -92,64 +35,67 @@ class GPT(nn.Module):
     config: GPTConfig
 
     @nn.compact
-    def __call__(self, tokens: jax.Array, train: bool = False, decode: bool = False) -> jax.Array:
+    def __call__(
+        self, tokens: jax.Array, train: bool = False, decode: bool = False, capture_weights: bool = False
+    ) -> jax.Array:
         cfg = self.config
-        length = tokens.shape[1]
+        blocks = cfg.transformer
+        embed_dim = blocks.embed_dim
         token_embed = nn.Embed(
             cfg.padded_vocab_size,
-            cfg.embed_dim,
-            dtype=cfg.compute_dtype,
-            embedding_init=param_init(nn.initializers.normal(0.02), ("vocab", "embed")),
+            embed_dim,
+            dtype=blocks.dtype,
+            embedding_init=param_init(blocks.inits.embedding, ("vocab", "embed")),
             name="token_embed",
-        )
-        position_embed = nn.Embed(
-            cfg.context_length,
-            cfg.embed_dim,
-            dtype=cfg.compute_dtype,
-            embedding_init=param_init(nn.initializers.normal(0.02), (None, "embed")),
-            name="position_embed",
         )
 
         cache_index = None
-        positions = jnp.arange(length)
+        positions = jnp.arange(tokens.shape[1])
         if decode:
             index = self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
             cache_index = index.value
             positions = cache_index + positions
             if not self.is_initializing():
-                index.value = cache_index + length
+                index.value = cache_index + tokens.shape[1]
 
-        x = token_embed(tokens) + position_embed(positions)[None]  # (B, T, D)
-        x = nn.Dropout(cfg.dropout, deterministic=not train)(x)
+        position_table = PositionEmbedding(
+            blocks.position, cfg.context_length, embed_dim, blocks.inits.embedding, name="position_embed"
+        )(positions)  # (T, D)
+        x = token_embed(tokens) + position_table[None].astype(blocks.dtype)  # (B, T, D)
+        x = nn.Dropout(blocks.dropout, deterministic=not train)(x)
         x = constrain(x, ("batch", "length", "embed"))
-        for i in range(cfg.num_layers):
-            x = Block(cfg, name=f"block_{i}")(x, train, cache_index)
-        if cfg.norm_position == "pre":
-            x = Norm(dtype=cfg.compute_dtype, name="norm_final")(x)
+        x = TransformerStack(blocks, causal=True, name="decoder")(
+            x, positions=positions, cache_index=cache_index, train=train, capture_weights=capture_weights
+        )
 
         if cfg.tie_embeddings:
-            logits = token_embed.attend(x.reshape(-1, cfg.embed_dim)).reshape(*x.shape[:-1], -1)  # (B, T, V)
+            logits = token_embed.attend(x.reshape(-1, embed_dim)).reshape(*x.shape[:-1], -1)  # (B, T, V)
         else:
             logits = Linear(
-                (cfg.embed_dim,),
+                (embed_dim,),
                 (cfg.padded_vocab_size,),
                 ("embed", "vocab"),
                 use_bias=False,
-                dtype=cfg.compute_dtype,
+                dtype=blocks.dtype,
+                kernel_init=blocks.inits.dense,
                 name="lm_head",
             )(x)
         logits = constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))
         return logits[..., : cfg.vocab_size]  # (B, T, V): padding rows never compete
 
 
-def flops_per_token(config: GPTConfig, num_params: int) -> float:
+def flops_per_token(config: GPTConfig, active_params: int) -> float:
     """Training FLOPs per token (forward + backward): 6 N for the matmuls + 12 L T D for attention.
 
-    N counts every parameter that multiplies an activation: it leaves out the position table,
-    and the token table too unless it doubles as the (tied) output layer.
+    N counts the parameters a token multiplies with (active_params: one token uses top_k of each
+    mixture-of-experts layer's experts): it leaves out the position table, and the token table too
+    unless it doubles as the (tied) output layer.
     """
-    matmul_params = num_params - config.context_length * config.embed_dim
+    blocks = config.transformer
+    matmul_params = active_params
+    if blocks.position == "learned":
+        matmul_params -= config.context_length * blocks.embed_dim
     if not config.tie_embeddings:
-        matmul_params -= config.padded_vocab_size * config.embed_dim
-    attention = 12 * config.num_layers * config.context_length * config.embed_dim
+        matmul_params -= config.padded_vocab_size * blocks.embed_dim
+    attention = 12 * blocks.num_layers * config.context_length * blocks.embed_dim
     return 6 * matmul_params + attention

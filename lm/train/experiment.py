@@ -27,7 +27,10 @@ class Experiment(Protocol):
     def eval_data(self) -> Iterable[Batch]:
         """The fixed global eval batches."""
 
-    def flops_per_example(self, num_params: int) -> float:
+    def active_params(self, params: Any) -> int:
+        """The parameters one example's computation uses (fewer than all with mixture-of-experts)."""
+
+    def flops_per_example(self, active_params: int) -> float:
         """Training FLOPs (forward + backward) for one example."""
 
     def save_assets(self, workdir: pathlib.Path) -> None:

@@ -181,10 +181,12 @@ def _train_loop(config, experiment, mesh, state, state_shardings, train_iter, op
     eval_batches = [sharding.global_batch(b, mesh) for b in experiment.eval_data()]
 
     num_params = count_params(state.params)
+    active_params = experiment.active_params(state.params)
     units_per_step = tcfg.batch_size * experiment.units_per_example
-    flops_per_step = tcfg.batch_size * experiment.flops_per_example(num_params)
+    flops_per_step = tcfg.batch_size * experiment.flops_per_example(active_params)
     peak = (tcfg.peak_flops or peak_flops_per_device(mesh.devices.flat[0])) * mesh.size
-    print(f"{num_params:,} parameters | mesh {dict(mesh.shape)} | {mesh.devices.flat[0].device_kind}")
+    print(f"{num_params:,} parameters ({active_params:,} active) | mesh {dict(mesh.shape)} | "
+          f"{mesh.devices.flat[0].device_kind}")
 
     def evaluate(step: int) -> dict[str, float]:
         results = mean_metrics([eval_step(state.params, b) for b in eval_batches])
@@ -244,4 +246,5 @@ def _train_loop(config, experiment, mesh, state, state_shardings, train_iter, op
         writer.write_texts(step, texts)
         for name, text in texts.items():
             print(f"--- {name} ---\n{text}")
-    return {"step": step, **last_eval, "compile_seconds": compile_seconds, "num_params": num_params}
+    return {"step": step, **last_eval, "compile_seconds": compile_seconds, "num_params": num_params,
+            "active_params": active_params}

@@ -1,0 +1,111 @@
+"""Position information: tables added to the embeddings, or applied inside attention.
+
+Added to the token embeddings (B, T, D):
+  sinusoidal  PE[p, 2i] = sin(p / 10000^(2i/D)), PE[p, 2i+1] = cos(p / 10000^(2i/D))  (Vaswani et al.)
+  learned     a trained (max_length, D) table (GPT-2); cannot go past max_length
+  sincos_2d   for an image grid of patches: half the channels encode the row, half the column,
+              each as [sin(p w_i), cos(p w_i)] with w_i = 1 / 10000^(i / (D/4))  (MAE, big_vision)
+Inside attention:
+  rope        rotate each (x_i, x_{i+Dh/2}) pair of query and key channels by angle p * theta_i,
+              theta_i = base^(-2i/Dh), so q.k depends on positions only through their offset
+              (Su et al., RoFormer; the split-half layout of GPT-NeoX and LLaMA)
+  alibi       no embedding; head h adds -m_h * (query position - key position) to its scores,
+              slopes m_h from the geometric sequence of Press et al. (|offset| when not causal)
+  none        nothing (a causal model can still infer position from its mask)
+Everything but `learned` is a function of the position, so it extends to sequences longer than
+the ones trained on.
+"""
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lm.layers.partitioning import param_init
+
+EMBEDDING_KINDS = ("none", "sinusoidal", "learned")  # added to the token embeddings
+ATTENTION_KINDS = ("rope", "alibi")  # applied inside attention
+POSITION_KINDS = EMBEDDING_KINDS + ATTENTION_KINDS
+
+
+def sinusoidal_table(positions: jax.Array, dim: int) -> jax.Array:
+    """positions (T,) -> (T, dim), interleaved sin/cos as in the paper (dim even)."""
+    inv_freq = 1.0 / 10000 ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim)  # (dim/2,)
+    angles = positions.astype(jnp.float32)[:, None] * inv_freq[None]  # (T, dim/2)
+    return jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(len(positions), dim)
+
+
+def sincos_2d_table(height: int, width: int, dim: int) -> jax.Array:
+    """(height * width, dim) for a row-major grid of patches (dim divisible by 4)."""
+    if dim % 4:
+        raise ValueError(f"2-D sin-cos positions need a width divisible by 4, got {dim}")
+    omega = 1.0 / 10000 ** (jnp.arange(dim // 4, dtype=jnp.float32) / (dim // 4))  # (dim/4,)
+    rows, cols = jnp.meshgrid(jnp.arange(height), jnp.arange(width), indexing="ij")  # (H, W) each
+
+    def encode(coordinate):  # (H, W) -> (H * W, dim/2)
+        angles = coordinate.reshape(-1, 1).astype(jnp.float32) * omega[None]
+        return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
+
+    return jnp.concatenate([encode(rows), encode(cols)], axis=-1)
+
+
+class PositionEmbedding(nn.Module):
+    """positions (T,) -> (T, D) to add to the token embeddings; zeros for none/rope/alibi."""
+
+    kind: str
+    max_length: int
+    embed_dim: int
+    embedding_init: nn.initializers.Initializer = nn.initializers.normal(0.02)
+
+    @nn.compact
+    def __call__(self, positions: jax.Array) -> jax.Array:
+        if self.kind == "learned":
+            if positions.shape[0] > self.max_length:  # nn.Embed would silently clamp the indices
+                raise ValueError(
+                    f"learned positions cover {self.max_length} tokens, got a sequence of {positions.shape[0]}; "
+                    "use sinusoidal, rope or alibi positions to go past the training length"
+                )
+            table = self.param("embedding", param_init(self.embedding_init, (None, "embed")),
+                               (self.max_length, self.embed_dim), jnp.float32)
+            return jnp.take(table, positions, axis=0)
+        if self.kind == "sinusoidal":
+            return sinusoidal_table(positions, self.embed_dim)
+        if self.kind in ("none",) + ATTENTION_KINDS:
+            return jnp.zeros((positions.shape[0], self.embed_dim), jnp.float32)
+        raise ValueError(f"position kind {self.kind!r}: use one of {POSITION_KINDS}")
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, base: float = 10000.0) -> jax.Array:
+    """x (B, T, H, Dh), positions (T,) -> x with channel pairs (i, i + Dh/2) rotated by p * theta_i."""
+    head_dim = x.shape[-1]
+    if head_dim % 2:
+        raise ValueError(f"RoPE needs an even head dimension, got {head_dim}")
+    theta = base ** (-jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)  # (Dh/2,)
+    angles = positions.astype(jnp.float32)[:, None] * theta[None]  # (T, Dh/2)
+    cos = jnp.cos(angles)[None, :, None, :]  # (1, T, 1, Dh/2)
+    sin = jnp.sin(angles)[None, :, None, :]
+    first, second = jnp.split(x.astype(jnp.float32), 2, axis=-1)  # (B, T, H, Dh/2) each
+    rotated = jnp.concatenate([first * cos - second * sin, first * sin + second * cos], axis=-1)
+    return rotated.astype(x.dtype)
+
+
+def alibi_slopes(num_heads: int) -> np.ndarray:
+    """(H,) slopes: 2^(-8/n), 2^(-16/n), ... for n = H a power of two; otherwise those of the
+    nearest lower power of two followed by every other slope of twice that many heads."""
+
+    def geometric(n: int) -> list[float]:
+        start = 2 ** (-8 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    lower = 2 ** math.floor(math.log2(num_heads))
+    slopes = geometric(lower) + geometric(2 * lower)[0::2][: num_heads - lower]
+    return np.asarray(slopes, np.float32)
+
+
+def alibi_bias(num_heads: int, query_positions: jax.Array, key_positions: jax.Array, causal: bool) -> jax.Array:
+    """(1, H, T, S) additive scores: -m_h (q - k), or -m_h |q - k| for bidirectional attention."""
+    offset = query_positions[:, None] - key_positions[None, :]  # (T, S)
+    distance = offset if causal else jnp.abs(offset)
+    return -jnp.asarray(alibi_slopes(num_heads))[None, :, None, None] * distance[None, None].astype(jnp.float32)

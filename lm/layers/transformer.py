@@ -1,0 +1,201 @@
+"""The Transformer block and stack shared by GPT, ViT and the encoder-decoder.
+
+Every ablation switch lives in TransformerConfig: norm kind and placement, MLP kind, position
+scheme, attention heads (grouped-query), dropout, initialisation and mixture-of-experts layers.
+
+  pre-norm   x = x + f(norm(x)) per sub-layer, one final norm after the last block (GPT-2)
+  post-norm  x = norm(x + f(x)) per sub-layer, no final norm (Vaswani et al. 2017)
+"""
+
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from lm.errors import UserError
+from lm.layers.attention import MultiHeadAttention
+from lm.layers.initializers import INIT_SCHEMES, initializers
+from lm.layers.mlp import MLP_KINDS, Mlp, mlp_hidden_dim
+from lm.layers.moe import MoeMlp
+from lm.layers.norms import NORM_KINDS, Norm
+from lm.layers.partitioning import constrain
+from lm.layers.positions import POSITION_KINDS
+
+NORM_POSITIONS = ("pre", "post")
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeConfig:
+    num_experts: int = 0  # 0: a dense MLP in every block
+    every: int = 2  # experts replace the MLP of blocks every-1, 2*every-1, ... (1: all blocks)
+    top_k: int = 2  # experts per token: 1 (Switch) or 2 (GShard)
+    capacity_factor: float = 1.25  # slots per expert = capacity_factor * top_k * tokens / experts
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    num_layers: int
+    embed_dim: int
+    num_heads: int
+    num_kv_heads: int
+    mlp: str = "gelu"  # gelu | relu | swiglu
+    mlp_ratio: float = 4.0  # classic hidden width = mlp_ratio * embed_dim; SwiGLU 2/3 of it
+    mlp_multiple: int = 8  # SwiGLU hidden width rounded to a multiple of this
+    norm: str = "layer"  # layer | rms
+    norm_position: str = "pre"  # pre | post
+    position: str = "learned"  # none | sinusoidal | learned | rope | alibi
+    rope_base: float = 10000.0
+    dropout: float = 0.0  # on embeddings and sub-layer outputs
+    attention_dropout: float = 0.0  # on attention weights
+    use_bias: bool = True
+    init: str = "gpt2"  # see lm.layers.initializers
+    moe: MoeConfig = MoeConfig()
+    dtype: Any = jnp.float32  # compute dtype; parameters stay float32
+
+    def __post_init__(self):
+        for field, value, allowed in [
+            ("mlp", self.mlp, MLP_KINDS),
+            ("norm", self.norm, NORM_KINDS),
+            ("norm_position", self.norm_position, NORM_POSITIONS),
+            ("position", self.position, POSITION_KINDS),
+            ("init", self.init, INIT_SCHEMES),
+        ]:
+            if value not in allowed:
+                raise UserError(f"model.{field}={value!r}: use one of {allowed}")
+        if self.embed_dim % self.num_heads:
+            raise UserError(f"model.embed_dim={self.embed_dim} is not divisible by model.num_heads={self.num_heads}")
+        if self.num_kv_heads < 1 or self.num_heads % self.num_kv_heads:
+            raise UserError(
+                f"model.num_heads={self.num_heads} is not a multiple of model.num_kv_heads={self.num_kv_heads}"
+            )
+        if self.position == "rope" and self.head_dim % 2:
+            raise UserError(f"RoPE needs an even head dimension; embed_dim / num_heads = {self.head_dim}")
+        if self.position == "sinusoidal" and self.embed_dim % 2:
+            raise UserError(f"sinusoidal positions need an even model.embed_dim, got {self.embed_dim}")
+        moe = self.moe
+        if moe.num_experts:
+            if moe.num_experts < 2 or not 1 <= moe.top_k <= moe.num_experts:
+                raise UserError(
+                    f"model.moe: need num_experts >= 2 and 1 <= top_k <= num_experts, "
+                    f"got num_experts={moe.num_experts}, top_k={moe.top_k}"
+                )
+            if not 1 <= moe.every <= self.num_layers:
+                raise UserError(f"model.moe.every={moe.every}: use 1..num_layers={self.num_layers}")
+            if moe.capacity_factor <= 0:
+                raise UserError(f"model.moe.capacity_factor={moe.capacity_factor} must be positive")
+
+    @property
+    def head_dim(self) -> int:
+        return self.embed_dim // self.num_heads
+
+    @property
+    def mlp_hidden_dim(self) -> int:
+        return mlp_hidden_dim(self.mlp, self.embed_dim, self.mlp_ratio, self.mlp_multiple)
+
+    def is_moe_block(self, index: int) -> bool:
+        return self.moe.num_experts > 0 and (index + 1) % self.moe.every == 0
+
+    @property
+    def inits(self):
+        return initializers(self.init, self.embed_dim, self.num_layers)
+
+
+class TransformerBlock(nn.Module):
+    """Self-attention then a dense or mixture-of-experts MLP, each with a residual and a norm."""
+
+    config: TransformerConfig
+    causal: bool
+    use_moe: bool = False
+
+    @nn.compact
+    def __call__(
+        self,
+        x: jax.Array,  # (B, T, D)
+        *,
+        mask: jax.Array | None = None,
+        positions: jax.Array | None = None,
+        cache_index: jax.Array | None = None,
+        train: bool = False,
+        capture_weights: bool = False,
+    ) -> jax.Array:
+        cfg = self.config
+        inits = cfg.inits
+        attention = MultiHeadAttention(
+            num_heads=cfg.num_heads,
+            num_kv_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim,
+            causal=self.causal,
+            position=cfg.position,
+            rope_base=cfg.rope_base,
+            dropout=cfg.attention_dropout,
+            use_bias=cfg.use_bias,
+            dtype=cfg.dtype,
+            kernel_init=inits.dense,
+            out_kernel_init=inits.residual,
+            name="attention",
+        )
+        mlp_args = dict(
+            kind=cfg.mlp,
+            hidden_dim=cfg.mlp_hidden_dim,
+            use_bias=cfg.use_bias,
+            dtype=cfg.dtype,
+            kernel_init=inits.dense,
+            out_kernel_init=inits.residual,
+        )
+        if self.use_moe:
+            moe = cfg.moe
+            mlp = MoeMlp(
+                num_experts=moe.num_experts,
+                top_k=moe.top_k,
+                capacity_factor=moe.capacity_factor,
+                router_init=inits.dense,
+                name="moe",
+                **mlp_args,
+            )
+        else:
+            mlp = Mlp(name="mlp", **mlp_args)
+        dropout = nn.Dropout(cfg.dropout, deterministic=not train)
+        norm_attention = Norm(cfg.norm, dtype=cfg.dtype, name="norm_attention")
+        norm_mlp = Norm(cfg.norm, dtype=cfg.dtype, name="norm_mlp")
+
+        def attend(h):
+            return attention(h, mask=mask, positions=positions, cache_index=cache_index, train=train,
+                             capture_weights=capture_weights)
+
+        if cfg.norm_position == "pre":
+            x = x + dropout(attend(norm_attention(x)))
+            x = x + dropout(mlp(norm_mlp(x)))
+        else:
+            x = norm_attention(x + dropout(attend(x)))
+            x = norm_mlp(x + dropout(mlp(x)))
+        return constrain(x, ("batch", "length", "embed"))
+
+
+class TransformerStack(nn.Module):
+    """num_layers blocks (block_0, block_1, ...), then a final norm for pre-norm: (B, T, D) -> (B, T, D)."""
+
+    config: TransformerConfig
+    causal: bool
+
+    @nn.compact
+    def __call__(
+        self,
+        x: jax.Array,
+        *,
+        mask: jax.Array | None = None,
+        positions: jax.Array | None = None,
+        cache_index: jax.Array | None = None,
+        train: bool = False,
+        capture_weights: bool = False,
+    ) -> jax.Array:
+        cfg = self.config
+        for i in range(cfg.num_layers):
+            x = TransformerBlock(cfg, self.causal, cfg.is_moe_block(i), name=f"block_{i}")(
+                x, mask=mask, positions=positions, cache_index=cache_index, train=train,
+                capture_weights=capture_weights,
+            )
+        if cfg.norm_position == "pre":
+            x = Norm(cfg.norm, dtype=cfg.dtype, name="norm_final")(x)
+        return x
