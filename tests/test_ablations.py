@@ -1,5 +1,6 @@
 """Every combination of the main ablation switches builds a GPT and trains a few steps."""
 
+import concurrent.futures
 import itertools
 
 import flax.linen as nn
@@ -32,9 +33,9 @@ def cycle_batch() -> np.ndarray:
     return rows
 
 
-def train_losses(model: GPT, batch: jax.Array) -> jax.Array:
-    """Initialises and trains STEPS Adam steps on one batch in a single compiled program (one
-    compilation per combination keeps the grid fast); returns the STEPS losses."""
+def training_program(model: GPT, batch: jax.Array) -> jax.stages.Lowered:
+    """Initialisation and STEPS Adam steps on one batch as one program (one compilation per
+    combination keeps the grid fast), lowered but not compiled; it returns the STEPS losses."""
     optimizer = optax.adam(1e-2)
 
     def loss_fn(params):
@@ -54,16 +55,28 @@ def train_losses(model: GPT, batch: jax.Array) -> jax.Array:
         _, losses = jax.lax.scan(step, (params, optimizer.init(params)), length=STEPS)
         return losses
 
-    return jax.jit(run)()
+    return jax.jit(run).lower()
 
 
-@pytest.mark.parametrize("norm_position, norm, mlp, position, num_experts", GRID)
-def test_combination_trains_without_nan(norm_position, norm, mlp, position, num_experts):
+def model(norm_position, norm, mlp, position, num_experts) -> GPT:
     blocks = TransformerConfig(
         num_layers=1, embed_dim=16, num_heads=2, num_kv_heads=2, mlp=mlp, mlp_multiple=4, norm=norm,
         norm_position=norm_position, position=position, moe=MoeConfig(num_experts=num_experts, every=1, top_k=2),
     )
-    model = GPT(GPTConfig(VOCAB, LENGTH, blocks, vocab_multiple=16))
-    losses = np.asarray(train_losses(model, jnp.asarray(cycle_batch())))
+    return GPT(GPTConfig(VOCAB, LENGTH, blocks, vocab_multiple=16))
+
+
+@pytest.fixture(scope="module")
+def compiled_grid() -> dict[tuple, concurrent.futures.Future]:
+    """The grid's programs, traced here and compiled two at a time (XLA compiles without the GIL)."""
+    batch = jnp.asarray(cycle_batch())
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        yield {combination: pool.submit(training_program(model(*combination), batch).compile)
+               for combination in GRID}
+
+
+@pytest.mark.parametrize("combination", GRID, ids=["-".join(map(str, c)) for c in GRID])
+def test_combination_trains_without_nan(compiled_grid, combination):
+    losses = np.asarray(compiled_grid[combination].result()())
     assert np.all(np.isfinite(losses)), losses
     assert losses[-1] < losses[0] - 0.3, losses

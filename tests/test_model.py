@@ -30,8 +30,11 @@ def random_tokens(shape, seed=1, vocab=CONFIG.vocab_size):
     return jax.random.randint(jax.random.key(seed), shape, 0, vocab)
 
 
-def test_changing_later_tokens_leaves_earlier_logits_unchanged():
-    model, params = init()
+@pytest.mark.parametrize(
+    "changes", [{}, {"moe": MoeConfig(num_experts=4, every=1, top_k=2, capacity_factor=0.5)}], ids=["dense", "moe"]
+)
+def test_changing_later_tokens_leaves_earlier_logits_unchanged(changes):
+    model, params = init(with_blocks(**changes))  # the MoE's capacity drops tokens, still causally
     tokens = random_tokens((3, 12))
     t = 5
     changed = tokens.at[:, t + 1 :].set((tokens[:, t + 1 :] + 3) % CONFIG.vocab_size)

@@ -160,10 +160,10 @@ def test_full_expert_drops_the_later_tokens():
     np.testing.assert_allclose(y[:, :2], reference_moe(params, "gelu", 1, x)[:, :2], atol=1e-5, rtol=1e-5)
 
 
-def test_first_choices_have_priority_over_second_choices():
-    # Tokens 0-3 choose experts (0, 1), tokens 4-7 choose (1, 0); capacity 4 per expert. First
-    # choices fill both experts, so every second choice is dropped (filling slots token by token
-    # instead would keep the second choices of tokens 0-3 and drop the first choices of 4-7).
+def test_slots_fill_token_by_token_so_earlier_tokens_keep_their_choices():
+    # Tokens 0-3 choose experts (0, 1), tokens 4-7 choose (1, 0); capacity 4 per expert. Tokens 0-3
+    # fill both experts with their two choices, so tokens 4-7 lose both (GShard's first-choices-first
+    # order would instead keep every first choice and drop every second one).
     x = np.stack([routed(0, 1)] * 4 + [routed(1, 0)] * 4)[None].repeat(2, axis=0)
     x = x + 0.1 * np.asarray(jax.random.normal(jax.random.key(0), x.shape))  # distinct tokens, same ranking
     model = make_moe(top_k=2, capacity_factor=1.0)  # C = ceil(2 * 1.0 * 8 / 4) = 4
@@ -172,7 +172,19 @@ def test_first_choices_have_priority_over_second_choices():
     y, stats = forward(model, params, x)
     np.testing.assert_allclose(stats["dropped_fraction"], 0.5)
     np.testing.assert_allclose(stats["expert_fraction"], [0.5, 0.5, 0, 0])
-    np.testing.assert_allclose(y, reference_moe(params, "gelu", 2, x, choices_kept=1), atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(y[:, :4], reference_moe(params, "gelu", 2, x)[:, :4], atol=1e-5, rtol=1e-5)
+    assert np.all(np.asarray(y[:, 4:]) == 0.0)
+
+
+def test_capacity_keeps_the_layer_causal():
+    x = jax.random.normal(jax.random.key(0), (2, 12, 4))
+    model = make_moe(top_k=2, capacity_factor=0.5)  # C = 3 of 12 tokens: many drops
+    params = randomized(init_params(model, x))
+    y, stats = forward(model, params, x)
+    assert stats["dropped_fraction"] > 0.3
+    changed = x.at[:, 6:].set(jax.random.normal(jax.random.key(1), (2, 6, 4)))
+    y_changed, _ = forward(model, params, changed)
+    np.testing.assert_allclose(y[:, :6], y_changed[:, :6], atol=1e-6)  # earlier tokens never see later ones
 
 
 @pytest.mark.parametrize(

@@ -10,9 +10,13 @@ Each batch row is a routing group of S = T tokens. Per token, in float32:
 
 Each expert holds C = min(S, max(1, ceil(top_k * capacity_factor * S / E))) token slots per group
 (an expert can be chosen at most once per token, so more than S slots would stay empty). Slots are
-filled in priority order: every token's first choice in sequence order, then every second choice,
-and so on; a choice that finds its expert full is dropped and contributes 0, so the token is
-carried only by the residual connection around this layer.
+filled token by token in sequence order, each token's choices best first; a choice that finds its
+expert full is dropped and contributes 0, so the token is carried only by the residual connection
+around this layer. Whether a token is dropped thus depends only on itself and earlier tokens, so
+the layer stays causal in a decoder. (GShard fills every first choice before any second choice,
+which keeps more tokens but lets a later token's first choice evict an earlier token's second
+choice: information flowing backwards in a causal model.) Decoding one token at a time (S = 1)
+never drops, so outputs match training only where training dropped nothing.
 
 Sown statistics (collection "moe", name "stats"), with N = the number of tokens in the batch:
 
@@ -122,10 +126,11 @@ class MoeMlp(nn.Module):
         top_probs = jnp.einsum("gse,gske->gsk", probs, assigned)  # (G, S, K)
         gates = top_probs if top_k == 1 else top_probs / jnp.sum(top_probs, axis=-1, keepdims=True)
 
-        # Slot of each choice in its expert: count earlier assignments in priority order (choice-major).
-        priority_order = expert_mask.transpose(0, 2, 1, 3).reshape(num_groups, top_k * group_size, num_experts)
-        filled = jnp.cumsum(priority_order, axis=1).reshape(num_groups, top_k, group_size, num_experts)
-        position = jnp.sum((filled.transpose(0, 2, 1, 3) - 1) * expert_mask, axis=-1)  # (G, S, K)
+        # Slot of each choice in its expert: the number of assignments to that expert before it, in
+        # token-major order (token 0's choices, then token 1's, ...), so the layer stays causal.
+        in_order = expert_mask.reshape(num_groups, group_size * top_k, num_experts)
+        filled = jnp.cumsum(in_order, axis=1).reshape(expert_mask.shape)  # (G, S, K, E)
+        position = jnp.sum((filled - 1) * expert_mask, axis=-1)  # (G, S, K)
         kept = position < capacity  # (G, S, K)
         slot = jax.nn.one_hot(position, capacity, dtype=jnp.float32)  # (G, S, K, C), all 0 where dropped
         dispatch = jnp.einsum("gske,gskc->gsec", assigned, slot)  # (G, S, E, C)
