@@ -1,6 +1,7 @@
 """GPT invariants: causality, KV-cache decoding, norm placement, logical axis names."""
 
 import dataclasses
+import functools
 
 import flax.linen as nn
 import jax
@@ -23,7 +24,13 @@ def with_blocks(**changes) -> GPTConfig:
 def init(config=CONFIG, seed=0):
     model = GPT(config)
     tokens = jnp.zeros((1, config.context_length), jnp.int32)
-    return model, nn.unbox(model.init(jax.random.key(seed), tokens)["params"])
+    return model, nn.unbox(jax.jit(model.init)(jax.random.key(seed), tokens)["params"])
+
+
+@functools.partial(jax.jit, static_argnames=("model", "decode", "mutable"))
+def apply(model, variables, tokens, decode=False, mutable=False):
+    """model.apply, jitted: these tests call it many times."""
+    return model.apply(variables, tokens, decode=decode, mutable=mutable)
 
 
 def random_tokens(shape, seed=1, vocab=CONFIG.vocab_size):
@@ -38,8 +45,8 @@ def test_changing_later_tokens_leaves_earlier_logits_unchanged(changes):
     tokens = random_tokens((3, 12))
     t = 5
     changed = tokens.at[:, t + 1 :].set((tokens[:, t + 1 :] + 3) % CONFIG.vocab_size)
-    logits = model.apply({"params": params}, tokens)
-    logits_changed = model.apply({"params": params}, changed)
+    logits = apply(model, {"params": params}, tokens)
+    logits_changed = apply(model, {"params": params}, changed)
     np.testing.assert_allclose(logits[:, : t + 1], logits_changed[:, : t + 1], atol=1e-6)
     assert not np.allclose(logits[:, t + 1 :], logits_changed[:, t + 1 :], atol=1e-3)
 
@@ -52,13 +59,13 @@ def test_changing_later_tokens_leaves_earlier_logits_unchanged(changes):
 def test_kv_cache_decoding_equals_full_recomputation(changes):
     model, params = init(with_blocks(**changes))
     tokens = random_tokens((2, 12))
-    full = model.apply({"params": params}, tokens)  # (B, T, V)
+    full = apply(model, {"params": params}, tokens)  # (B, T, V)
     cache = empty_cache(model, batch_size=2)
     # A 5-token prefill, then one token at a time.
     step_logits = []
     for start, stop in [(0, 5)] + [(i, i + 1) for i in range(5, 12)]:
-        logits, variables = model.apply(
-            {"params": params, "cache": cache}, tokens[:, start:stop], decode=True, mutable=["cache"]
+        logits, variables = apply(
+            model, {"params": params, "cache": cache}, tokens[:, start:stop], decode=True, mutable=("cache",)
         )
         cache = variables["cache"]
         step_logits.append(logits)
@@ -68,7 +75,7 @@ def test_kv_cache_decoding_equals_full_recomputation(changes):
 def greedy_reference(model, params, out, window_start):
     """Token p recomputed from scratch: argmax of the model on out[window_start(p):p]."""
     return np.stack(
-        [np.argmax(model.apply({"params": params}, jnp.asarray(out[:, window_start(p) : p]))[:, -1], -1)
+        [np.argmax(apply(model, {"params": params}, jnp.asarray(out[:, window_start(p) : p]))[:, -1], -1)
          for p in range(3, out.shape[1])],
         axis=1,
     )
@@ -95,16 +102,16 @@ def test_greedy_generation_matches_recomputation_over_its_windows():
 def test_functional_positions_run_past_the_training_length(position):
     model, params = init(with_blocks(position=position))  # context_length 12
     tokens = random_tokens((2, 30))
-    logits = model.apply({"params": params}, tokens)
+    logits = apply(model, {"params": params}, tokens)
     assert logits.shape == (2, 30, CONFIG.vocab_size) and np.all(np.isfinite(logits))
     # Still causal, and the first 12 positions are what the model computes on 12 tokens.
-    np.testing.assert_allclose(logits[:, :12], model.apply({"params": params}, tokens[:, :12]), atol=1e-5)
+    np.testing.assert_allclose(logits[:, :12], apply(model, {"params": params}, tokens[:, :12]), atol=1e-5)
 
 
 def test_learned_positions_refuse_sequences_past_their_table():
     model, params = init()
     with pytest.raises(ValueError, match="learned positions cover 12 tokens, got a sequence of 13"):
-        model.apply({"params": params}, random_tokens((1, 13)))
+        apply(model, {"params": params}, random_tokens((1, 13)))
 
 
 def test_pre_and_post_norm_build_different_graphs():
@@ -112,10 +119,10 @@ def test_pre_and_post_norm_build_different_graphs():
     post_model, post_params = init(with_blocks(norm_position="post"))
     assert "norm_final" in pre_params["decoder"] and "norm_final" not in post_params["decoder"]
     tokens = random_tokens((1, 12))
-    pre = pre_model.apply({"params": pre_params}, tokens)
+    pre = apply(pre_model, {"params": pre_params}, tokens)
     # Same weights for the shared parameters, different placement: different outputs.
     shared = dict(pre_params, decoder={k: v for k, v in pre_params["decoder"].items() if k != "norm_final"})
-    post = post_model.apply({"params": shared}, tokens)
+    post = apply(post_model, {"params": shared}, tokens)
     assert not np.allclose(pre, post, atol=1e-3)
 
 
@@ -141,7 +148,7 @@ def test_every_parameter_carries_logical_axis_names():
 def test_bfloat16_compute_keeps_float32_params():
     model, params = init(with_blocks(dtype=jnp.bfloat16))
     assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(params))
-    logits = model.apply({"params": params}, random_tokens((1, 12)))
+    logits = apply(model, {"params": params}, random_tokens((1, 12)))
     assert logits.dtype == jnp.float32
     _, params32 = init()
     logits32 = GPT(CONFIG).apply({"params": params32}, random_tokens((1, 12)))
