@@ -80,6 +80,20 @@ def logical_shardings(abstract_tree, mesh: Mesh, rules: Rules):
     return nn.logical_to_mesh_sharding(specs, mesh, rules)
 
 
+def check_divisible(shapes, shardings) -> None:
+    """Raises UserError for the first array whose dimension its mesh axes do not divide evenly."""
+    flat_shardings = jax.tree.leaves(shardings, is_leaf=lambda x: isinstance(x, NamedSharding))
+    for (path, shape), named in zip(jax.tree_util.tree_flatten_with_path(shapes)[0], flat_shardings, strict=True):
+        for size, axes in zip(shape.shape, named.spec, strict=False):
+            axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+            parts = math.prod(named.mesh.shape[a] for a in axes)
+            if size % parts:
+                raise UserError(
+                    f"{jax.tree_util.keystr(path)} {tuple(shape.shape)}: a dimension of {size} cannot be split over "
+                    f"mesh axes {'x'.join(axes)} ({parts} devices); change config.mesh or the model's sizes"
+                )
+
+
 def batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(BATCH_MESH_AXES))
 

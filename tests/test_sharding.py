@@ -51,3 +51,12 @@ def test_parameters_are_sharded_by_the_logical_rules(data_dir, test_config):
     adam_state = shardings.opt_state[1][0]
     assert adam_state.mu["decoder"]["block_0"]["mlp"]["up"]["kernel"].spec == P("fsdp", "tensor")
     assert shapes.params["token_embed"]["embedding"].shape == (64 * 2, 32)  # 65 chars padded to 128
+
+
+def test_a_mesh_axis_that_does_not_divide_a_parameter_is_a_user_error(data_dir, test_config):
+    test_config.model.moe.num_experts = 4
+    mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "expert": 8, "tensor": 1})
+    rules = sharding.logical_rules(test_config.sharding_rules)
+    init = state_builder(load_experiment(test_config), make_optimizer(test_config.optimizer))
+    with pytest.raises(UserError, match=r"a dimension of 4 cannot be split over mesh axes expert \(8 devices\)"):
+        abstract_state(init, jax.random.key(0), mesh, rules)

@@ -58,6 +58,7 @@ def abstract_state(init_boxed, rng, mesh, rules):
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         shardings = sharding.logical_shardings(jax.eval_shape(init_boxed, rng), mesh, rules)
         shapes = jax.eval_shape(lambda r: nn.unbox(init_boxed(r)), rng)
+    sharding.check_divisible(shapes, shardings)
     return jax.tree.map(
         lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings
     ), shardings
