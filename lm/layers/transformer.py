@@ -103,11 +103,13 @@ class TransformerConfig:
 
 
 class TransformerBlock(nn.Module):
-    """Self-attention then a dense or mixture-of-experts MLP, each with a residual and a norm."""
+    """Self-attention, [cross-attention to `memory`], then a dense or mixture-of-experts MLP, each
+    sub-layer with a residual and a norm. memory_mask: (B, 1, 1, S) from `padding_mask`."""
 
     config: TransformerConfig
     causal: bool
     use_moe: bool = False
+    cross_attention: bool = False
 
     @nn.compact
     def __call__(
@@ -117,25 +119,31 @@ class TransformerBlock(nn.Module):
         mask: jax.Array | None = None,
         positions: jax.Array | None = None,
         cache_index: jax.Array | None = None,
+        memory: jax.Array | None = None,  # (B, S, D), with cross_attention
+        memory_mask: jax.Array | None = None,
         train: bool = False,
         capture_weights: bool = False,
     ) -> jax.Array:
         cfg = self.config
         inits = cfg.inits
-        attention = MultiHeadAttention(
-            num_heads=cfg.num_heads,
-            num_kv_heads=cfg.num_kv_heads,
-            head_dim=cfg.head_dim,
-            causal=self.causal,
-            position=cfg.position,
-            rope_base=cfg.rope_base,
-            dropout=cfg.attention_dropout,
-            use_bias=cfg.use_bias,
-            dtype=cfg.dtype,
-            kernel_init=inits.dense,
-            out_kernel_init=inits.residual,
-            name="attention",
-        )
+
+        def attention_module(name: str, causal: bool, position: str) -> MultiHeadAttention:
+            return MultiHeadAttention(
+                num_heads=cfg.num_heads,
+                num_kv_heads=cfg.num_kv_heads,
+                head_dim=cfg.head_dim,
+                causal=causal,
+                position=position,
+                rope_base=cfg.rope_base,
+                dropout=cfg.attention_dropout,
+                use_bias=cfg.use_bias,
+                dtype=cfg.dtype,
+                kernel_init=inits.dense,
+                out_kernel_init=inits.residual,
+                name=name,
+            )
+
+        attention = attention_module("attention", self.causal, cfg.position)
         mlp_args = dict(
             kind=cfg.mlp,
             hidden_dim=cfg.mlp_hidden_dim,
@@ -164,20 +172,34 @@ class TransformerBlock(nn.Module):
             return attention(h, mask=mask, positions=positions, cache_index=cache_index, train=train,
                              capture_weights=capture_weights)
 
-        if cfg.norm_position == "pre":
-            x = x + dropout(attend(norm_attention(x)))
-            x = x + dropout(mlp(norm_mlp(x)))
-        else:
-            x = norm_attention(x + dropout(attend(x)))
-            x = norm_mlp(x + dropout(mlp(x)))
+        sublayers = [(attend, norm_attention)]
+        if self.cross_attention:
+            cross = attention_module("cross_attention", causal=False, position="none")  # positions: self-attention only
+
+            def attend_memory(h):
+                return cross(h, memory, mask=memory_mask, train=train, capture_weights=capture_weights)
+
+            sublayers.append((attend_memory, Norm(cfg.norm, dtype=cfg.dtype, name="norm_cross_attention")))
+        sublayers.append((mlp, norm_mlp))
+
+        for sublayer, norm in sublayers:
+            if cfg.norm_position == "pre":
+                x = x + dropout(sublayer(norm(x)))
+            else:
+                x = norm(x + dropout(sublayer(x)))
         return constrain(x, ("batch", "length", "embed"))
 
 
 class TransformerStack(nn.Module):
-    """num_layers blocks (block_0, block_1, ...), then a final norm for pre-norm: (B, T, D) -> (B, T, D)."""
+    """num_layers blocks (block_0, block_1, ...), then a final norm for pre-norm: (B, T, D) -> (B, T, D).
+
+    An encoder: causal=False with a padding mask. A decoder-only model: causal=True. The decoder of
+    an encoder-decoder: causal=True, cross_attention=True, with the encoder's output as memory.
+    """
 
     config: TransformerConfig
     causal: bool
+    cross_attention: bool = False
 
     @nn.compact
     def __call__(
@@ -187,14 +209,16 @@ class TransformerStack(nn.Module):
         mask: jax.Array | None = None,
         positions: jax.Array | None = None,
         cache_index: jax.Array | None = None,
+        memory: jax.Array | None = None,
+        memory_mask: jax.Array | None = None,
         train: bool = False,
         capture_weights: bool = False,
     ) -> jax.Array:
         cfg = self.config
         for i in range(cfg.num_layers):
-            x = TransformerBlock(cfg, self.causal, cfg.is_moe_block(i), name=f"block_{i}")(
-                x, mask=mask, positions=positions, cache_index=cache_index, train=train,
-                capture_weights=capture_weights,
+            x = TransformerBlock(cfg, self.causal, cfg.is_moe_block(i), self.cross_attention, name=f"block_{i}")(
+                x, mask=mask, positions=positions, cache_index=cache_index, memory=memory, memory_mask=memory_mask,
+                train=train, capture_weights=capture_weights,
             )
         if cfg.norm_position == "pre":
             x = Norm(cfg.norm, dtype=cfg.dtype, name="norm_final")(x)

@@ -1,0 +1,112 @@
+"""The Transformer encoder-decoder (Vaswani et al. 2017) from the shared blocks.
+
+source (B, S) -> embedding [+ positions] -> encoder stack (bidirectional, source padding masked)
+    -> memory (B, S, D)
+decoder_inputs (B, T) -> embedding [+ positions] -> decoder stack (causal self-attention,
+    cross-attention to memory) -> logits (B, T, V_target), the output layer tied to the target
+    embedding.
+Every TransformerConfig switch (norm, placement, MLP, positions, MoE, init) applies to both stacks.
+Decoding: `decode(..., decode=True)` feeds target tokens a few at a time through a KV cache.
+"""
+
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from lm.layers import constrain, param_init
+from lm.layers.attention import padding_mask
+from lm.layers.positions import PositionEmbedding
+from lm.layers.transformer import TransformerConfig, TransformerStack
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderDecoderConfig:
+    source_vocab_size: int
+    target_vocab_size: int
+    max_length: int  # rows of learned position tables
+    transformer: TransformerConfig  # num_layers each for the encoder and the decoder
+    vocab_multiple: int = 64  # embedding rows padded to a multiple, so 'vocab' can be sharded
+
+    def padded(self, vocab_size: int) -> int:
+        return -(-vocab_size // self.vocab_multiple) * self.vocab_multiple
+
+
+def embed(tokens: jax.Array, positions: jax.Array, vocab_size: int, max_length: int, cfg: TransformerConfig,
+          train: bool) -> tuple[jax.Array, nn.Embed]:
+    """tokens (B, L), positions (L,) -> (B, L, D) token embedding + position table, with dropout;
+    and the token table (the decoder's output layer reuses it). Call inside a compact method."""
+    table = nn.Embed(vocab_size, cfg.embed_dim, dtype=cfg.dtype,
+                     embedding_init=param_init(cfg.inits.embedding, ("vocab", "embed")), name="token_embed")
+    position_table = PositionEmbedding(cfg.position, max_length, cfg.embed_dim, cfg.inits.embedding,
+                                       name="position_embed")(positions)
+    x = table(tokens) + position_table[None].astype(cfg.dtype)
+    x = nn.Dropout(cfg.dropout, deterministic=not train)(x)
+    return constrain(x, ("batch", "length", "embed")), table
+
+
+class Encoder(nn.Module):
+    config: EncoderDecoderConfig
+
+    @nn.compact
+    def __call__(self, source: jax.Array, source_mask: jax.Array, train: bool, capture_weights: bool) -> jax.Array:
+        """source, source_mask (B, S) -> memory (B, S, D); padding keys are never attended to."""
+        cfg = self.config
+        x, _ = embed(source, jnp.arange(source.shape[1]), cfg.padded(cfg.source_vocab_size), cfg.max_length,
+                     cfg.transformer, train)
+        return TransformerStack(cfg.transformer, causal=False, name="stack")(
+            x, mask=padding_mask(source_mask.astype(bool)), train=train, capture_weights=capture_weights
+        )
+
+
+class Decoder(nn.Module):
+    config: EncoderDecoderConfig
+
+    @nn.compact
+    def __call__(self, decoder_inputs: jax.Array, memory: jax.Array, source_mask: jax.Array, train: bool,
+                 decode: bool, capture_weights: bool) -> jax.Array:
+        """decoder_inputs (B, T) -> logits (B, T, V). decode=True: the inputs continue the cached ones."""
+        cfg = self.config
+        length = decoder_inputs.shape[1]
+        cache_index = None
+        positions = jnp.arange(length)
+        if decode:
+            index = self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
+            cache_index = index.value
+            positions = cache_index + positions
+            if not self.is_initializing():
+                index.value = cache_index + length
+        x, table = embed(decoder_inputs, positions, cfg.padded(cfg.target_vocab_size), cfg.max_length,
+                         cfg.transformer, train)
+        x = TransformerStack(cfg.transformer, causal=True, cross_attention=True, name="stack")(
+            x, positions=positions, cache_index=cache_index, memory=memory,
+            memory_mask=padding_mask(source_mask.astype(bool)), train=train, capture_weights=capture_weights,
+        )
+        logits = table.attend(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], -1)  # tied output layer
+        logits = constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))
+        return logits[..., : cfg.target_vocab_size]
+
+
+class EncoderDecoder(nn.Module):
+    """Call for teacher forcing; `encode` and `decode` (via apply(..., method=...)) for generation."""
+
+    config: EncoderDecoderConfig
+
+    def setup(self):
+        self.encoder = Encoder(self.config)
+        self.decoder = Decoder(self.config)
+
+    def encode(self, source: jax.Array, source_mask: jax.Array, train: bool = False,
+               capture_weights: bool = False) -> jax.Array:
+        return self.encoder(source, source_mask, train, capture_weights)
+
+    def decode(self, decoder_inputs: jax.Array, memory: jax.Array, source_mask: jax.Array, train: bool = False,
+               decode: bool = False, capture_weights: bool = False) -> jax.Array:
+        return self.decoder(decoder_inputs, memory, source_mask, train, decode, capture_weights)
+
+    def __call__(self, source: jax.Array, source_mask: jax.Array, decoder_inputs: jax.Array,
+                 train: bool = False, capture_weights: bool = False) -> jax.Array:
+        """Teacher forcing: (B, S), (B, S), (B, T) -> logits (B, T, V)."""
+        memory = self.encode(source, source_mask, train, capture_weights)
+        return self.decode(decoder_inputs, memory, source_mask, train, capture_weights=capture_weights)
