@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from lm.train.loop import restore_params, train
+from lm.train.loop import CompiledPerShape, restore_params, train
 
 
 def logged(workdir, key="loss"):
@@ -92,3 +92,12 @@ def test_mixture_of_experts_trains_sharded_over_experts_and_logs_routing(tmp_pat
     assert sum(fractions) == pytest.approx(1.0, abs=1e-5)
     assert 0 < record["moe_dropped_fraction"] < 0.5  # capacity factor 1: some tokens overflow
     assert record["loss"] > record["cross_entropy"]  # the auxiliary losses are in the objective
+
+
+def test_the_train_step_compiles_once_per_batch_shape():
+    step = CompiledPerShape(jax.jit(lambda state, batch: (state + batch["x"].sum(), {})))
+    state = jax.numpy.zeros(())
+    for length in [3, 5, 3, 5, 3]:  # e.g. length-bucketed batches
+        state, _ = step(state, {"x": np.ones((2, length), np.float32)})
+    assert len(step.compiled) == 2 and step.seconds > 0
+    assert float(state) == 2 * (3 + 5 + 3 + 5 + 3)

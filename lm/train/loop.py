@@ -80,6 +80,26 @@ class StopSignal:
         self.requested = True
 
 
+class CompiledPerShape:
+    """A jitted step(state, batch), compiled ahead of time once per batch shape (length-bucketed
+    batches bring a few), with the compile time of each kept for the logs."""
+
+    def __init__(self, jitted_step):
+        self.jitted_step = jitted_step
+        self.compiled: dict[tuple, jax.stages.Compiled] = {}
+        self.seconds = 0.0
+
+    def __call__(self, state, batch):
+        shapes = tuple(x.shape for x in jax.tree.leaves(batch))
+        if shapes not in self.compiled:
+            start = time.perf_counter()
+            self.compiled[shapes] = self.jitted_step.lower(state, batch).compile()
+            seconds = time.perf_counter() - start
+            self.seconds += seconds
+            print(f"compiled the train step for batch shapes {sorted(set(shapes))} in {seconds:.1f}s")
+        return self.compiled[shapes](state, batch)
+
+
 def format_duration(seconds: float) -> str:
     return str(datetime.timedelta(seconds=round(seconds)))
 
@@ -170,12 +190,12 @@ def _train_loop(config, experiment, mesh, state, state_shardings, train_iter, op
     tcfg = config.train
     batch_sharding = sharding.batch_sharding(mesh)
     schedule = learning_rate_schedule(config.optimizer)
-    train_step = jax.jit(
+    train_step = CompiledPerShape(jax.jit(
         make_train_step(experiment.loss, optimizer, schedule, tcfg.grad_accum_steps, config.seed),
         in_shardings=(state_shardings, batch_sharding),
         out_shardings=(state_shardings, None),
         donate_argnums=0,
-    )
+    ))
     eval_step = jax.jit(
         make_eval_step(experiment.loss), in_shardings=(state_shardings.params, batch_sharding)
     )
@@ -196,19 +216,16 @@ def _train_loop(config, experiment, mesh, state, state_shardings, train_iter, op
         print(f"step {step:>6} | eval loss {results['eval_loss']:.4f}")
         return results
 
-    compile_start = time.perf_counter()
     batch = sharding.global_batch(next(train_iter), mesh)
-    train_step = train_step.lower(state, batch).compile()
-    compile_seconds = time.perf_counter() - compile_start
-    print(f"compiled the train step in {compile_seconds:.1f}s")
-
     stop = StopSignal()
     step = start_step
     last_eval = evaluate(step) if step == 0 else {}
     pending: list[dict] = []
     interval_start, interval_steps = time.perf_counter(), 0
     while True:
+        compile_seconds = train_step.seconds
         state, metrics = train_step(state, batch)
+        interval_start += train_step.seconds - compile_seconds  # compiling is not training time
         step += 1
         pending.append(metrics)
         interval_steps += 1
@@ -247,5 +264,5 @@ def _train_loop(config, experiment, mesh, state, state_shardings, train_iter, op
         writer.write_texts(step, texts)
         for name, text in texts.items():
             print(f"--- {name} ---\n{text}")
-    return {"step": step, **last_eval, "compile_seconds": compile_seconds, "num_params": num_params,
+    return {"step": step, **last_eval, "compile_seconds": train_step.seconds, "num_params": num_params,
             "active_params": active_params}
