@@ -1,0 +1,45 @@
+"""Recurrent translation models on Multi30k de -> en (bidirectional GRU encoder, GRU decoder).
+
+Variants (pick one after the colon):
+
+  attention    Bahdanau attention (e = v^T tanh(W s + U h), context fed to the decoder).
+               python -m lm.main --config=configs/translate_rnn.py:attention --workdir=runs/mt_attention
+  noattention  The same network with the encoder's final state as the only context (the bottleneck).
+               python -m lm.main --config=configs/translate_rnn.py:noattention --workdir=runs/mt_noattention
+  test         A tiny model and few steps, for tests.
+
+Switches: --config.model.cell=lstm, --config.model.attention=luong_dot|luong_general,
+--config.data.tokenizer=word (lowercased words, as the PyTorch tutorials), --config.data.source_lang=en
+--config.data.target_lang=de. Results (BLEU, training time) are reported in the README once measured.
+"""
+
+import ml_collections
+
+from experiments.translation import base_config
+
+
+def get_config(variant: str = "attention") -> ml_collections.ConfigDict:
+    config = base_config()
+    config.model = ml_collections.ConfigDict()
+    config.model.architecture = "rnn"
+    config.model.cell = "gru"  # gru | lstm
+    config.model.attention = "bahdanau"  # none | bahdanau | luong_dot | luong_general
+    config.model.embed_dim = 256
+    config.model.hidden_dim = 512
+    config.model.num_layers = 1
+    config.model.dropout = 0.3
+    config.model.compute_dtype = "float32"
+
+    if variant == "attention":
+        pass
+    elif variant == "noattention":
+        config.model.attention = "none"
+    elif variant == "test":
+        config.model.update(embed_dim=16, hidden_dim=32, dropout=0.0)
+        config.data.update(vocab_size=500, buckets=(32, 64))  # two batch shapes: two compilations
+        config.train.update(batch_size=16, num_steps=20, log_every=5, checkpoint_every=10)
+        config.optimizer.update(learning_rate=3e-3, warmup_steps=2, decay_steps=20)
+        config.eval.update(every=10, batch_size=256)
+    else:
+        raise ValueError(f"unknown variant {variant!r} of translate_rnn: use attention, noattention or test")
+    return config
