@@ -18,6 +18,7 @@ Any field can be overridden on the command line, e.g.
 
 import ml_collections
 
+from lm import sharding
 from lm.models.config import transformer_options
 
 
@@ -68,22 +69,10 @@ def get_config(variant: str = "baby") -> ml_collections.ConfigDict:
     config.sample.temperature = 0.8
     config.sample.top_k = 40
 
-    # Mesh axis sizes; -1 takes all remaining devices. One device is a 1x1x1x1 mesh.
-    config.mesh = ml_collections.ConfigDict()
-    config.mesh.data = -1
-    config.mesh.fsdp = 1
-    config.mesh.expert = 1
-    config.mesh.tensor = 1
-    # Logical axis -> mesh axes, in priority order (a mesh axis is used once per array).
-    config.sharding_rules = (
-        ("expert", "expert"),
-        ("batch", ("data", "fsdp", "expert")),
-        ("batch", ("data", "fsdp")),  # arrays whose expert axis already takes the 'expert' mesh axis
-        ("vocab", "tensor"),
-        ("heads", "tensor"),
-        ("mlp", "tensor"),
-        ("embed", "fsdp"),
-    )
+    # Mesh axis sizes (-1: all remaining devices; one device is a 1x1x1x1 mesh) and the rules that
+    # map logical axis names onto them: see lm/sharding.py.
+    config.mesh = sharding.mesh_options()
+    config.sharding_rules = sharding.DEFAULT_RULES
 
     if variant == "baby":
         pass

@@ -17,6 +17,7 @@ import ml_collections
 import numpy as np
 import optax
 
+from lm import sharding
 from lm.data import translation
 from lm.errors import UserError
 from lm.layers.moe import moe_objective, parameter_counts
@@ -198,18 +199,6 @@ def base_config() -> ml_collections.ConfigDict:
     config.eval.every = 1000
     config.eval.batch_size = 128
 
-    config.mesh = ml_collections.ConfigDict()
-    config.mesh.data = -1
-    config.mesh.fsdp = 1
-    config.mesh.expert = 1
-    config.mesh.tensor = 1
-    config.sharding_rules = (
-        ("expert", "expert"),
-        ("batch", ("data", "fsdp", "expert")),
-        ("batch", ("data", "fsdp")),
-        ("vocab", "tensor"),
-        ("heads", "tensor"),
-        ("mlp", "tensor"),
-        ("embed", "fsdp"),
-    )
+    config.mesh = sharding.mesh_options()
+    config.sharding_rules = sharding.DEFAULT_RULES
     return config

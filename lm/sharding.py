@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import flax.linen as nn
 import jax
+import ml_collections
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -21,6 +22,23 @@ MESH_AXES = ("data", "fsdp", "expert", "tensor")
 BATCH_MESH_AXES = ("data", "fsdp", "expert")  # the mesh axes the batch dimension is split over
 
 Rules = Sequence[tuple[str, str | tuple[str, ...] | None]]
+
+# Logical axis -> mesh axes, in priority order (a mesh axis is used once per array; a later rule for
+# the same name is the fallback when an earlier one's mesh axes are taken).
+DEFAULT_RULES = (
+    ("expert", "expert"),
+    ("batch", ("data", "fsdp", "expert")),
+    ("batch", ("data", "fsdp")),  # arrays whose expert axis already takes the 'expert' mesh axis
+    ("vocab", "tensor"),
+    ("heads", "tensor"),
+    ("mlp", "tensor"),
+    ("embed", "fsdp"),
+)
+
+
+def mesh_options() -> ml_collections.ConfigDict:
+    """Config fields for the mesh axis sizes; -1 takes all remaining devices (data parallel by default)."""
+    return ml_collections.ConfigDict({"data": -1, "fsdp": 1, "expert": 1, "tensor": 1})
 
 
 def mesh_shape(sizes: dict[str, int], num_devices: int) -> tuple[int, ...]:

@@ -10,15 +10,7 @@ from jax.sharding import PartitionSpec as P
 from lm import sharding
 from lm.layers.moe import EXPERTS_NAME, MoeMlp, moe_objective, parameter_counts
 
-MESH_RULES = [
-    ("expert", "expert"),
-    ("batch", ("data", "fsdp", "expert")),
-    ("batch", ("data", "fsdp")),
-    ("vocab", "tensor"),
-    ("heads", "tensor"),
-    ("mlp", "tensor"),
-    ("embed", "fsdp"),
-]
+MESH_RULES = list(sharding.DEFAULT_RULES)
 
 
 def make_moe(num_experts=4, top_k=1, capacity_factor=4.0, kind="gelu", hidden_dim=16, **kwargs):
