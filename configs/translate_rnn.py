@@ -36,10 +36,10 @@ def get_config(variant: str = "attention") -> ml_collections.ConfigDict:
         config.model.attention = "none"
     elif variant == "test":
         config.model.update(embed_dim=16, hidden_dim=32, dropout=0.0)
-        config.data.update(vocab_size=500, buckets=(32, 64))  # two batch shapes: two compilations
+        config.data.update(vocab_size=500, buckets=(16, 32))  # two batch shapes: two compilations
         config.train.update(batch_size=16, num_steps=20, log_every=5, checkpoint_every=10)
         config.optimizer.update(learning_rate=3e-3, warmup_steps=2, decay_steps=20)
-        config.eval.update(every=10, batch_size=256)
+        config.eval.update(every=10, batch_size=256, beam_sizes=(1, 2))
     else:
         raise ValueError(f"unknown variant {variant!r} of translate_rnn: use attention, noattention or test")
     return config

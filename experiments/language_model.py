@@ -71,6 +71,9 @@ class LanguageModel:
             self.val_tokens, self.config.data.context_length, e.batch_size, e.num_batches, seed=0
         )
 
+    def eval_weight(self, batch) -> jax.Array:
+        return jnp.asarray(batch["targets"].size, jnp.float32)  # every batch has the same tokens
+
     def active_params(self, params) -> int:
         return parameter_counts(params, self.config.model.moe.top_k)[1]
 
@@ -91,6 +94,11 @@ class LanguageModel:
     def texts(self, params) -> dict[str, str]:
         s = self.config.sample
         return {"sample": self.sample(params, s.prompt, s.max_new_tokens, s.temperature, s.top_k)}
+
+    def final_results(self, params, evaluate, workdir: pathlib.Path) -> dict[str, float]:
+        """None beyond the last eval: the corpus has no test split (benchmarks/gpt_baby.py reports
+        the loss over the whole val split)."""
+        return {}
 
 
 def build(config: ml_collections.ConfigDict) -> LanguageModel:

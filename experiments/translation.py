@@ -10,7 +10,10 @@ train.label_smoothing; `cross_entropy` (unsmoothed, for perplexity) and `accurac
 
 import functools
 import pathlib
+import time
+from collections.abc import Sequence
 
+import flax.traverse_util
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -19,6 +22,7 @@ import optax
 
 from lm import sharding
 from lm.data import translation
+from lm.data.bleu import corpus_bleu, tokenized_bleu
 from lm.errors import UserError
 from lm.layers.moe import moe_objective, parameter_counts
 from lm.models.config import compute_dtype, transformer_config
@@ -90,11 +94,14 @@ class Translation:
         sources, targets = self.splits["train"]
         return translation.train_batches(sources, targets, batch_size, seed, shard, self.config.data.buckets)
 
-    def eval_data(self):
-        sources, targets = self.splits["val"]
+    def eval_data(self, split: str = "val"):
+        sources, targets = self.splits[split]
         shard = (jax.process_index(), jax.process_count())
         return translation.eval_batches(sources, targets, self.config.eval.batch_size // shard[1], shard,
                                         self.config.data.buckets)
+
+    def eval_weight(self, batch) -> jax.Array:
+        return jnp.sum(batch["target_mask"].astype(jnp.float32))  # the real target tokens
 
     def active_params(self, params) -> int:
         moe = self.config.model.get("moe")
@@ -107,16 +114,29 @@ class Translation:
     def save_assets(self, workdir: pathlib.Path) -> None:
         translation.save_tokenizers(workdir, self.source_tokenizer, self.target_tokenizer)
 
-    def translate(self, params, sentences: list[str], beam_size: int = 1, length_penalty: float = 0.6) -> list[str]:
+    def translate(self, params, sentences: Sequence[str], beam_size: int = 1, length_penalty: float = 0.6) -> list[str]:
         """Greedy (beam_size 1) or beam-search translations of source sentences."""
-        max_length = self.config.data.buckets[-1]
-        ids = [[*self.source_tokenizer.encode(s), translation.EOS_ID][:max_length] for s in sentences]
-        source = np.zeros((len(ids), max(map(len, ids))), np.int32)
+        ids = self.translate_ids(params, sentences, beam_size, length_penalty)
+        return [self.target_tokenizer.decode(row) for row in ids]
+
+    def translate_ids(self, params, sentences: Sequence[str], beam_size: int = 1,
+                      length_penalty: float = 0.6) -> np.ndarray:
+        """Target ids (N, max_length) of N source sentences, eos then padding. Decodes in chunks of
+        eval.batch_size sentences, all padded to one bucket, so a call compiles the search once."""
+        buckets = self.config.data.buckets
+        ids = [[*self.source_tokenizer.encode(s), translation.EOS_ID][: buckets[-1]] for s in sentences]
+        length = buckets[int(translation.bucket_of(np.array([max(map(len, ids))]), buckets)[0])]
+        chunk = min(self.config.eval.batch_size, len(ids))
+        rows = -(-len(ids) // chunk) * chunk  # padded with eos-only sentences
+        source = np.zeros((rows, length), np.int32)
+        source[:, 0] = translation.EOS_ID
         for row, sentence_ids in enumerate(ids):
             source[row, : len(sentence_ids)] = sentence_ids
-        outputs = self._search(params, jnp.asarray(source), jnp.asarray(source > 0, jnp.int32), beam_size,
-                               length_penalty)
-        return [self.target_tokenizer.decode(row) for row in np.asarray(outputs)]
+        outputs = [
+            self._search(params, jnp.asarray(part), jnp.asarray(part > 0, jnp.int32), beam_size, length_penalty)
+            for part in np.split(source, rows // chunk)
+        ]
+        return np.concatenate(jax.device_get(outputs))[: len(ids)]
 
     @functools.partial(jax.jit, static_argnums=(0, 4, 5))
     def _search(self, params, source, source_mask, beam_size: int, length_penalty: float) -> jax.Array:
@@ -144,6 +164,67 @@ class Translation:
                  zip(sources[:count], hypotheses, references[:count], strict=True)]
         return {"translations": "\n".join(lines)}
 
+    def attention_maps(self, params, sentence: str, beam_size: int = 1, length_penalty: float = 0.6
+                       ) -> tuple[list[str], list[str], dict[str, np.ndarray]]:
+        """Where the translation of sentence looks in the source: translates it (as `translate`), then
+        teacher-forces [bos] + its own output with capture_weights=True. Returns
+          source_pieces (S,)  the source's pieces (words) plus '<eos>', as the encoder sees them;
+          output_pieces (T,)  the output's pieces up to and including its '<eos>' (none if cut at max length);
+          maps                {title: weights (T, S)}, row t = the attention while predicting output t, a
+                              distribution over the source (rows sum to 1): one "<kind> attention" map for the
+                              RNN, one "decoder layer <i>" map per Transformer layer (cross-attention, mean
+                              over heads).
+        The no-attention RNN has nothing to show: UserError."""
+        if isinstance(self.model, Seq2Seq) and self.model.config.attention == "none":
+            raise UserError("this model has no attention (model.attention='none'): there is no attention map "
+                            "to plot; train with attention (e.g. configs/translate_rnn.py:attention)")
+        source_ids = [*self.source_tokenizer.encode(sentence), translation.EOS_ID][: self.config.data.buckets[-1]]
+        output = [int(i) for i in self.translate_ids(params, [sentence], beam_size, length_penalty)[0]]
+        output = output[: output.index(translation.EOS_ID) + 1] if translation.EOS_ID in output else output
+        source = jnp.asarray([source_ids], jnp.int32)  # (1, S)
+        decoder_inputs = jnp.asarray([[translation.BOS_ID, *output[:-1]]], jnp.int32)  # (1, T)
+        sown = flax.traverse_util.flatten_dict(self._sown_weights(params, source, decoder_inputs))  # path -> (weights,)
+        if isinstance(self.model, Seq2Seq):
+            maps = {f"{self.model.config.attention} attention": np.asarray(sown[("attention_weights",)][0][0])}
+        else:
+            layers = {}  # layer index -> (T, S)
+            for path, (weights,) in sown.items():  # weights (1, H, T, S)
+                if path[0] == "decoder" and "cross_attention" in path:
+                    block = next(name for name in path if name.startswith("block_"))
+                    layers[int(block.removeprefix("block_"))] = np.asarray(weights[0]).mean(axis=0)
+            maps = {f"decoder layer {i + 1}": layers[i] for i in sorted(layers)}
+        return (self.source_tokenizer.id_pieces(source_ids), self.target_tokenizer.id_pieces(output),
+                {title: weights.astype(np.float32) for title, weights in maps.items()})
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def _sown_weights(self, params, source: jax.Array, decoder_inputs: jax.Array) -> dict:
+        """Teacher forcing of source (1, S) and decoder_inputs (1, T) with capture_weights=True: the
+        'intermediates' collection of attention weights."""
+        _, collections = self.model.apply({"params": params}, source, jnp.ones_like(source), decoder_inputs,
+                                          capture_weights=True, mutable=["intermediates"])
+        return collections["intermediates"]
+
+    def final_results(self, params, evaluate, workdir: pathlib.Path) -> dict[str, float]:
+        """On the test split: per-token cross-entropy, perplexity and accuracy (teacher forced), and
+        for each eval.beam_sizes the sacreBLEU score (cased, detokenised: the standard) and the
+        lowercased word-tokenised BLEU the PyTorch tutorials report. Writes the translations to
+        workdir/translations/<split>.beam<k>.txt."""
+        e, split = self.config.eval, self.config.eval.test_split
+        metrics = evaluate(self.eval_data(split))
+        results = {f"test_{name}": metrics[name] for name in ("cross_entropy", "accuracy")}
+        results["test_perplexity"] = float(np.exp(metrics["cross_entropy"]))
+        sources, references = translation.load_pairs(split, self.config.data.source_lang,
+                                                     self.config.data.target_lang)
+        (workdir / "translations").mkdir(exist_ok=True)
+        for beam_size in e.beam_sizes:
+            start = time.perf_counter()
+            hypotheses = self.translate(params, sources, beam_size, e.length_penalty)
+            results[f"test_decode_seconds_beam{beam_size}"] = time.perf_counter() - start
+            (workdir / "translations" / f"{split}.beam{beam_size}.txt").write_text("\n".join(hypotheses) + "\n")
+            results[f"test_bleu_beam{beam_size}"] = corpus_bleu(hypotheses, references)
+            results[f"test_bleu_lowercase_tokenized_beam{beam_size}"] = tokenized_bleu(hypotheses, references)
+        return results
+
 
 def build(config: ml_collections.ConfigDict) -> Translation:
     """Reads Multi30k, fits the tokenizers on the training split and encodes every split."""
@@ -156,6 +237,11 @@ def build(config: ml_collections.ConfigDict) -> Translation:
         split: translation.encode_pairs(*pairs[split], source_tokenizer, target_tokenizer) for split in pairs
     }
     return Translation(config, source_tokenizer, target_tokenizer, splits)
+
+
+def from_workdir(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Translation:
+    """The experiment for translating: tokenizers from the run folder, no corpus needed."""
+    return Translation(config, *translation.load_tokenizers(workdir))
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -178,7 +264,7 @@ def base_config() -> ml_collections.ConfigDict:
     config.optimizer.learning_rate = 1e-3
     config.optimizer.min_learning_rate = 1e-5
     config.optimizer.warmup_steps = 200
-    config.optimizer.decay_steps = 6000
+    config.optimizer.decay_steps = 2500
     config.optimizer.b1 = 0.9
     config.optimizer.b2 = 0.98
     config.optimizer.weight_decay = 0.0
@@ -186,18 +272,21 @@ def base_config() -> ml_collections.ConfigDict:
 
     config.train = ml_collections.ConfigDict()
     config.train.batch_size = 128  # sentences, global
-    config.train.num_steps = 6000
+    config.train.num_steps = 2500  # 11 epochs of 128 sentences
     config.train.grad_accum_steps = 1
     config.train.label_smoothing = 0.1
     config.train.log_every = 100
-    config.train.checkpoint_every = 1000
+    config.train.checkpoint_every = 500
     config.train.keep_checkpoints = 2
     config.train.peak_flops = 0.0
     config.train.wandb_project = ""
 
     config.eval = ml_collections.ConfigDict()
-    config.eval.every = 1000
-    config.eval.batch_size = 128
+    config.eval.every = 500
+    config.eval.batch_size = 128  # sentences, also for decoding
+    config.eval.test_split = "test_2016_flickr"  # scored once after training (results.json)
+    config.eval.beam_sizes = (1, 4)  # 1 = greedy
+    config.eval.length_penalty = 0.6  # GNMT alpha for beam search
 
     config.mesh = sharding.mesh_options()
     config.sharding_rules = sharding.DEFAULT_RULES

@@ -1,25 +1,113 @@
-"""The translation experiment end to end on the real Multi30k data, with the `test` configs."""
+"""The translation experiment on the real Multi30k data: end to end with the `test` configs
+(both tokenizers, both directions), a tiny model overfitting 32 pairs, token-weighted eval."""
 
 import json
 
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
+from experiments.translation import Translation, build
 from lm.data import translation
-from lm.train.loop import train
+from lm.train.loop import mean_metrics, train
 
 
-@pytest.mark.parametrize("config_name", ["translate_rnn", "translate_transformer"])
-def test_translation_trains_on_bucketed_batches(tmp_path, data_dir, config_name):
-    module = __import__(f"configs.{config_name}", fromlist=["get_config"])
-    config = module.get_config("test")
+def get_config(name: str, variant: str = "test"):
+    return __import__(f"configs.{name}", fromlist=["get_config"]).get_config(variant)
+
+
+@pytest.mark.parametrize(
+    "config_name, overrides",
+    [
+        ("translate_rnn", {}),  # de -> en, sentencepiece
+        ("translate_transformer", {"tokenizer": "word", "min_freq": 20, "source_lang": "en", "target_lang": "de"}),
+    ],
+)
+def test_translation_trains_and_scores_the_test_split(tmp_path, data_dir, config_name, overrides):
+    config = get_config(config_name)
+    config.data.update(overrides)
     summary = train(config, str(tmp_path), devices=jax.devices()[:1])
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     eval_loss = {r["step"]: r["eval_loss"] for r in records if "eval_loss" in r}
-    assert eval_loss[0] > np.log(500) - 0.5  # about chance over the 500-piece vocabulary at the start
+    source, target = translation.load_tokenizers(tmp_path)  # saved with the run: translating needs no data
+    assert eval_loss[0] > np.log(target.vocab_size) - 0.5  # about chance at the start
     assert summary["eval_loss"] < eval_loss[0] - 0.3, eval_loss
     assert 0 < summary["eval_accuracy"] < 1 and summary["eval_cross_entropy"] < summary["eval_loss"]
-    source, target = translation.load_tokenizers(tmp_path)  # saved with the run: translating needs no data
-    assert source.vocab_size == target.vocab_size == 500
-    assert "Eine Gruppe von Männern lädt Baumwolle" in (tmp_path / "samples.txt").read_text()  # val sentence 0
+    first_val_source = {"de": "Eine Gruppe von Männern lädt Baumwolle", "en": "A group of men are loading cotton"}
+    assert first_val_source[config.data.source_lang] in (tmp_path / "samples.txt").read_text()
+
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["step"] == config.train.num_steps
+    assert results["test_perplexity"] == pytest.approx(np.exp(results["test_cross_entropy"]))
+    for beam_size in config.eval.beam_sizes:
+        assert 0 <= results[f"test_bleu_beam{beam_size}"] <= 100
+        assert 0 <= results[f"test_bleu_lowercase_tokenized_beam{beam_size}"] <= 100
+        lines = (tmp_path / "translations" / f"test_2016_flickr.beam{beam_size}.txt").read_text().splitlines()
+        assert len(lines) == 1000  # one per test sentence, in order
+    # A rerun of the finished run does nothing, and keeps the results.
+    assert train(config, str(tmp_path), devices=jax.devices()[:1]) == {"step": config.train.num_steps}
+    assert json.loads((tmp_path / "results.json").read_text()) == results
+
+
+@pytest.fixture(scope="module")
+def rnn_experiment(data_dir) -> Translation:
+    """The RNN test config's experiment: sentencepiece (500 pieces) fitted on the train split."""
+    return build(get_config("translate_rnn"))
+
+
+def short_pairs(experiment: Translation, count: int, length: int) -> translation.Batch:
+    """The first `count` training pairs that fit `length` tokens, as one batch."""
+    sources, targets = experiment.splits["train"]
+    rows = np.flatnonzero(translation.needed_lengths(sources, targets) <= length)[:count]
+    return translation.make_batch(sources, targets, rows, length)
+
+
+@pytest.mark.parametrize("architecture", ["rnn", "transformer"])
+def test_tiny_model_overfits_32_pairs_and_greedy_decodes_them(rnn_experiment, architecture):
+    if architecture == "rnn":
+        config = get_config("translate_rnn")
+        config.model.update(embed_dim=64, hidden_dim=128)
+    else:
+        config = get_config("translate_transformer")
+        config.model.update(num_layers=2, embed_dim=64, num_heads=4, num_kv_heads=4)
+    config.train.label_smoothing = 0.0
+    experiment = Translation(config, rnn_experiment.source_tokenizer, rnn_experiment.target_tokenizer)
+    batch = short_pairs(rnn_experiment, count=32, length=16)
+    params = nn.unbox(experiment.init(jax.random.key(0)))["params"]
+    optimizer = optax.adam(3e-3)
+
+    @jax.jit
+    def step(params, opt_state):
+        grads, metrics = jax.grad(lambda p: experiment.loss(p, batch, jax.random.key(0), False), has_aux=True)(params)
+        updates, opt_state = optimizer.update(grads, opt_state)
+        return optax.apply_updates(params, updates), opt_state, metrics
+
+    opt_state = optimizer.init(params)
+    for _ in range(300):
+        params, opt_state, metrics = step(params, opt_state)
+    assert metrics["accuracy"] == 1.0, metrics
+
+    sources = [experiment.source_tokenizer.decode(row) for row in batch["source"]]
+    references = [experiment.target_tokenizer.decode(row) for row in batch["targets"]]
+    assert experiment.translate(params, sources) == references
+
+
+def test_eval_metrics_are_token_weighted(rnn_experiment):
+    """Batches with few real tokens count less: the eval mean is the mean over all tokens."""
+    experiment = rnn_experiment
+    params = nn.unbox(experiment.init(jax.random.key(0)))["params"]
+    batches = [short_pairs(experiment, count=4, length=16), short_pairs(experiment, count=64, length=32)]
+    outputs = [(experiment.loss(params, b, jax.random.key(0), False)[1], experiment.eval_weight(b)) for b in batches]
+    weighted = mean_metrics([m for m, _ in outputs], [w for _, w in outputs])
+
+    per_token = []
+    for b in batches:
+        logits = experiment.model.apply({"params": params}, b["source"], b["source_mask"], b["decoder_inputs"])
+        losses = optax.softmax_cross_entropy_with_integer_labels(logits, jnp.asarray(b["targets"]))
+        per_token.append(np.asarray(losses)[b["target_mask"] > 0])
+    assert [float(w) for _, w in outputs] == [len(t) for t in per_token]
+    assert weighted["cross_entropy"] == pytest.approx(np.concatenate(per_token).mean(), rel=1e-5)
+    assert weighted["cross_entropy"] != pytest.approx(np.mean([t.mean() for t in per_token]), rel=1e-3)

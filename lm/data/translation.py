@@ -116,6 +116,9 @@ class Tokenizer(Protocol):
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ids up to the first eos; pad and bos are skipped."""
 
+    def id_pieces(self, ids: Sequence[int]) -> list[str]:
+        """The piece (or word) of every id, specials included ('<eos>', ...), for inspection."""
+
     def save(self, directory: pathlib.Path) -> None: ...
 
 
@@ -203,6 +206,10 @@ class SentencePieceTokenizer:
         """Detokenised text of ids up to the first eos (pad and bos skipped)."""
         return self._sp.decode(_strip_specials(ids))
 
+    def id_pieces(self, ids: Sequence[int]) -> list[str]:
+        """The piece of every id, specials included: [5, 3] -> ['▁A', '<eos>']."""
+        return [self._sp.id_to_piece(int(i)) for i in ids]
+
     def save(self, directory: pathlib.Path) -> None:
         """Writes directory/sentencepiece.model (the serialised model, all load needs)."""
         directory = pathlib.Path(directory)
@@ -247,6 +254,10 @@ class WordTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         """Space-joined words of ids up to the first eos (pad and bos skipped)."""
         return " ".join(self.tokens[i] for i in _strip_specials(ids))
+
+    def id_pieces(self, ids: Sequence[int]) -> list[str]:
+        """The word of every id, specials included: [5, 3] -> ['a', '<eos>']."""
+        return [self.tokens[int(i)] for i in ids]
 
     def save(self, directory: pathlib.Path) -> None:
         """Writes directory/word_vocab.json (the token list and the lowercase flag)."""

@@ -1,7 +1,7 @@
 """What the trainer needs from an experiment (one module per task in experiments/)."""
 
 import pathlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import grain
@@ -25,7 +25,10 @@ class Experiment(Protocol):
         """Endless checkpointable batches of this process's batch_size examples."""
 
     def eval_data(self) -> Iterable[Batch]:
-        """The fixed global eval batches."""
+        """The fixed eval batches (this process's share of each global batch)."""
+
+    def eval_weight(self, batch: Batch) -> jax.Array:
+        """How much a batch counts in the eval means (its real target tokens, say); jittable."""
 
     def active_params(self, params: Any) -> int:
         """The parameters one example's computation uses (fewer than all with mixture-of-experts)."""
@@ -38,3 +41,11 @@ class Experiment(Protocol):
 
     def texts(self, params: Any) -> dict[str, str]:
         """Human-readable outputs of the trained model (samples, translations), may be empty."""
+
+    def final_results(
+        self, params: Any, evaluate: Callable[[Iterable[Batch]], dict[str, float]], workdir: pathlib.Path
+    ) -> dict[str, float]:
+        """Held-out results of the trained model (test metrics, BLEU), computed once after training;
+        `evaluate(batches)` gives the weighted mean metrics of batches (this process's share,
+        as eval_data gives them) from the trainer's sharded eval step. May write files (decoded
+        outputs) into workdir; may be empty."""

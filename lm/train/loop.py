@@ -22,6 +22,7 @@ import numpy as np
 
 from lm import sharding
 from lm.errors import UserError
+from lm.runs import CONFIG_FILE
 from lm.train.checkpoint import Checkpointer
 from lm.train.experiment import Experiment
 from lm.train.flops import peak_flops_per_device
@@ -30,7 +31,9 @@ from lm.train.optim import learning_rate_schedule, make_optimizer
 from lm.train.state import TrainState
 from lm.train.step import make_eval_step, make_train_step
 
-CONFIG_FILE = "config.json"
+SUMMARY_FILE = "summary.json"  # the last eval metrics and run facts
+RESULTS_FILE = "results.json"  # the experiment's held-out results after training
+
 
 
 def load_experiment(config: ml_collections.ConfigDict) -> Experiment:
@@ -104,9 +107,10 @@ def format_duration(seconds: float) -> str:
     return str(datetime.timedelta(seconds=round(seconds)))
 
 
-def mean_metrics(metrics_list: list[dict]) -> dict[str, float]:
-    host = jax.device_get(metrics_list)
-    return {k: float(np.mean([m[k] for m in host])) for k in host[0]}
+def mean_metrics(metrics_list: list[dict], weights: list | None = None) -> dict[str, float]:
+    """The (weighted) mean of each scalar over a list of metric dicts."""
+    host, weights = jax.device_get((metrics_list, weights))
+    return {k: float(np.average([m[k] for m in host], weights=weights)) for k in host[0]}
 
 
 def state_builder(experiment: Experiment, optimizer):
@@ -169,7 +173,7 @@ def train(
             state = checkpointer.restore(start_step, state_shapes, train_iter)
             truncate_log(workdir_path / METRICS_FILE, start_step)
             print(f"resumed from step {start_step} in {workdir_path}")
-        if start_step >= tcfg.num_steps:
+        if start_step >= tcfg.num_steps and (workdir_path / RESULTS_FILE).is_file():
             checkpointer.close()
             print(f"already trained to step {start_step} (train.num_steps={tcfg.num_steps}); nothing to do")
             return {"step": start_step}
@@ -177,16 +181,19 @@ def train(
         writer = MetricWriter(workdir_path, tcfg.wandb_project, config.to_dict())
         try:
             summary = _train_loop(config, experiment, mesh, state, state_shardings, train_iter,
-                                  optimizer, checkpointer, writer, start_step)
+                                  optimizer, checkpointer, writer, start_step, workdir_path)
         finally:
             checkpointer.close()
             writer.close()
-    (workdir_path / "summary.json").write_text(json.dumps(summary, indent=2))
+    summary_path = workdir_path / SUMMARY_FILE
+    previous = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    summary = {**previous, **summary}  # a resumed run keeps what earlier segments measured
+    summary_path.write_text(json.dumps(summary, indent=2))
     return summary
 
 
 def _train_loop(config, experiment, mesh, state, state_shardings, train_iter, optimizer,
-                checkpointer, writer, start_step) -> dict[str, float]:
+                checkpointer, writer, start_step, workdir) -> dict[str, float]:
     tcfg = config.train
     batch_sharding = sharding.batch_sharding(mesh)
     schedule = learning_rate_schedule(config.optimizer)
@@ -197,9 +204,9 @@ def _train_loop(config, experiment, mesh, state, state_shardings, train_iter, op
         donate_argnums=0,
     ))
     eval_step = jax.jit(
-        make_eval_step(experiment.loss), in_shardings=(state_shardings.params, batch_sharding)
+        make_eval_step(experiment.loss, experiment.eval_weight), in_shardings=(state_shardings.params, batch_sharding)
     )
-    eval_batches = [sharding.global_batch(b, mesh) for b in experiment.eval_data()]
+    eval_batches = list(experiment.eval_data())
 
     num_params = count_params(state.params)
     active_params = experiment.active_params(state.params)
@@ -209,20 +216,26 @@ def _train_loop(config, experiment, mesh, state, state_shardings, train_iter, op
     print(f"{num_params:,} parameters ({active_params:,} active) | mesh {dict(mesh.shape)} | "
           f"{mesh.devices.flat[0].device_kind}")
 
+    def evaluate_batches(batches) -> dict[str, float]:
+        """Weighted mean metrics (per real token, say, not per padded batch) of this process's
+        share of global batches."""
+        outputs = [eval_step(state.params, sharding.global_batch(b, mesh)) for b in batches]
+        metrics, weights = zip(*outputs, strict=True)
+        return mean_metrics(list(metrics), list(weights))
+
     def evaluate(step: int) -> dict[str, float]:
-        results = mean_metrics([eval_step(state.params, b) for b in eval_batches])
-        results = {f"eval_{k}": v for k, v in results.items()}
+        results = {f"eval_{k}": v for k, v in evaluate_batches(eval_batches).items()}
         writer.write_scalars(step, results)
         print(f"step {step:>6} | eval loss {results['eval_loss']:.4f}")
         return results
 
-    batch = sharding.global_batch(next(train_iter), mesh)
     stop = StopSignal()
     step = start_step
     last_eval = evaluate(step) if step == 0 else {}
     pending: list[dict] = []
     interval_start, interval_steps = time.perf_counter(), 0
-    while True:
+    while step < tcfg.num_steps and not stop.requested:
+        batch = sharding.global_batch(next(train_iter), mesh)
         compile_seconds = train_step.seconds
         state, metrics = train_step(state, batch)
         interval_start += train_step.seconds - compile_seconds  # compiling is not training time
@@ -248,21 +261,24 @@ def _train_loop(config, experiment, mesh, state, state_shardings, train_iter, op
         if step % config.eval.every == 0 or step == tcfg.num_steps:
             last_eval = evaluate(step)
             interval_start, interval_steps = time.perf_counter(), 0
-        if step >= tcfg.num_steps or stop.requested:
-            break
         # The data iterator has given exactly `step` batches here, so a checkpoint taken now
         # resumes with the batch an uninterrupted run would see next.
-        if step % tcfg.checkpoint_every == 0:
+        if step % tcfg.checkpoint_every == 0 or step == tcfg.num_steps or stop.requested:
             checkpointer.save(step, state, train_iter)
-        batch = sharding.global_batch(next(train_iter), mesh)
-    checkpointer.save(step, state, train_iter)
 
+    summary = {"step": step, **last_eval, "num_params": num_params, "active_params": active_params}
+    if train_step.compiled:
+        summary["compile_seconds"] = train_step.seconds
     if stop.requested:
         print(f"SIGTERM: saved a checkpoint at step {step}; rerun the same command to resume")
-    else:
-        texts = experiment.texts(state.params)
-        writer.write_texts(step, texts)
-        for name, text in texts.items():
-            print(f"--- {name} ---\n{text}")
-    return {"step": step, **last_eval, "compile_seconds": train_step.seconds, "num_params": num_params,
-            "active_params": active_params}
+        return summary
+    texts = experiment.texts(state.params)
+    writer.write_texts(step, texts)
+    for name, text in texts.items():
+        print(f"--- {name} ---\n{text}")
+    results = experiment.final_results(state.params, evaluate_batches, workdir)
+    writer.write_scalars(step, results)
+    (workdir / RESULTS_FILE).write_text(json.dumps({"step": step, **results}, indent=2))
+    if results:
+        print("results: " + " | ".join(f"{k} {v:.4g}" for k, v in results.items()))
+    return {**summary, **results}

@@ -74,9 +74,11 @@ def make_train_step(
     return train_step
 
 
-def make_eval_step(loss_fn: LossFn):
-    def eval_step(params, batch) -> dict:
+def make_eval_step(loss_fn: LossFn, weight_fn: Callable[[dict], jax.Array]):
+    """(params, batch) -> (metrics with 'loss', the batch's weight in the eval means)."""
+
+    def eval_step(params, batch) -> tuple[dict, jax.Array]:
         loss, metrics = loss_fn(params, batch, jax.random.key(0), False)
-        return dict(metrics, loss=loss)
+        return dict(metrics, loss=loss), weight_fn(batch)
 
     return eval_step

@@ -1,0 +1,44 @@
+"""Figures written as image files (matplotlib, Agg backend: no display, no pyplot global state)."""
+
+import pathlib
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+DPI = 100
+CELL_INCHES = 0.32  # one token's row or column
+
+
+def save_attention_heatmap(path: str | pathlib.Path, source_pieces: Sequence[str], output_pieces: Sequence[str],
+                           maps: Mapping[str, np.ndarray]) -> tuple[int, int]:
+    """Writes a PNG heat map of attention weights to path: one panel per entry of maps, titled by its key,
+    side by side on a shared colour scale; x axis the source pieces (S), y axis the output pieces (T), colour
+    the weight maps[title][t, s] (each (T, S), a row per output token). Returns the image's (width, height)
+    in pixels."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    if not maps:
+        raise ValueError("no attention maps to plot")
+    shape = (len(output_pieces), len(source_pieces))
+    for title, weights in maps.items():
+        if np.shape(weights) != shape:
+            raise ValueError(f"attention map {title!r} has shape {np.shape(weights)}, expected (T, S) = {shape}")
+    vmax = max(float(np.max(weights)) for weights in maps.values()) or 1.0
+    width = len(maps) * (CELL_INCHES * shape[1] + 1.2) + 1.5  # + tick labels per panel, the colour bar
+    height = CELL_INCHES * shape[0] + 1.6  # + the title and the rotated source labels
+    figure = Figure(figsize=(max(width, 4.0), max(height, 3.0)), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(1, len(maps), squeeze=False)[0]
+    for ax, (title, weights) in zip(axes, maps.items(), strict=True):
+        image = ax.imshow(np.asarray(weights, np.float32), cmap="viridis", vmin=0.0, vmax=vmax, aspect="equal",
+                          interpolation="nearest")
+        ax.set_title(title)
+        ax.set_xticks(range(shape[1]), list(source_pieces), rotation=90)
+        ax.set_yticks(range(shape[0]), list(output_pieces))
+        ax.set_xlabel("source")
+        ax.tick_params(length=0)
+    axes[0].set_ylabel("output")
+    figure.colorbar(image, ax=list(axes), label="attention weight", shrink=0.8)
+    figure.savefig(path, format="png", dpi=DPI)
+    return round(figure.get_figwidth() * DPI), round(figure.get_figheight() * DPI)

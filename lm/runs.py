@@ -1,0 +1,27 @@
+"""Reopening a finished (or running) training run for inference: lm.sample, lm.translate."""
+
+import importlib
+import json
+import pathlib
+
+import ml_collections
+
+from lm.errors import UserError
+
+CONFIG_FILE = "config.json"
+
+
+def load_run(workdir: pathlib.Path, experiment: str):
+    """(experiment, params) from a run folder written by lm.main: its saved config, the assets
+    (tokenizers) the experiment's from_workdir reads, and the latest checkpoint's params."""
+    from lm.train.loop import restore_params
+
+    config_path = workdir / CONFIG_FILE
+    if not config_path.is_file():
+        raise UserError(f"{config_path} not found: --workdir must be a folder written by lm.main")
+    config = ml_collections.ConfigDict(json.loads(config_path.read_text()))
+    if config.experiment != experiment:
+        raise UserError(f"{workdir} holds a {config.experiment!r} run, not a {experiment!r} one")
+    module = importlib.import_module(f"experiments.{experiment}")
+    loaded = module.from_workdir(config, workdir)
+    return loaded, restore_params(config, loaded, workdir)
