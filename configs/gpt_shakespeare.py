@@ -20,6 +20,7 @@ import ml_collections
 
 from lm import sharding
 from lm.models.config import transformer_options
+from lm.train.options import optimizer_options, train_options
 
 
 def get_config(variant: str = "baby") -> ml_collections.ConfigDict:
@@ -38,25 +39,8 @@ def get_config(variant: str = "baby") -> ml_collections.ConfigDict:
     config.model.tie_embeddings = True
     config.model.vocab_multiple = 64  # pad the vocabulary so it divides the 'tensor' mesh axis
 
-    config.optimizer = ml_collections.ConfigDict()
-    config.optimizer.learning_rate = 1e-3
-    config.optimizer.min_learning_rate = 1e-4
-    config.optimizer.warmup_steps = 100
-    config.optimizer.decay_steps = 2000
-    config.optimizer.b1 = 0.9
-    config.optimizer.b2 = 0.99
-    config.optimizer.weight_decay = 0.1
-    config.optimizer.grad_clip_norm = 1.0
-
-    config.train = ml_collections.ConfigDict()
-    config.train.batch_size = 12  # global, across all devices and hosts
-    config.train.num_steps = 2000
-    config.train.grad_accum_steps = 1
-    config.train.log_every = 50
-    config.train.checkpoint_every = 1000
-    config.train.keep_checkpoints = 2
-    config.train.peak_flops = 0.0  # per device, for MFU; 0 = look up or measure
-    config.train.wandb_project = ""  # non-empty turns Weights & Biases logging on
+    config.optimizer = optimizer_options(min_learning_rate=1e-4, b2=0.99, weight_decay=0.1)
+    config.train = train_options(batch_size=12, num_steps=2000, log_every=50)  # batch_size in windows
 
     config.eval = ml_collections.ConfigDict()
     config.eval.every = 250

@@ -29,6 +29,7 @@ from lm.models.config import compute_dtype, transformer_config
 from lm.models.seq2seq import Seq2Seq, Seq2SeqConfig
 from lm.models.transformer import EncoderDecoder, EncoderDecoderConfig
 from lm.search import beam_search, greedy_search, rnn_step_fn, transformer_step_fn
+from lm.train.options import optimizer_options, train_options
 
 ARCHITECTURES = ("rnn", "transformer")
 
@@ -260,26 +261,9 @@ def base_config() -> ml_collections.ConfigDict:
     config.data.min_freq = 2  # for word: rarer words become <unk>
     config.data.buckets = (16, 24, 32, 48, 64)  # padded lengths; longer training pairs are dropped
 
-    config.optimizer = ml_collections.ConfigDict()
-    config.optimizer.learning_rate = 1e-3
-    config.optimizer.min_learning_rate = 1e-5
-    config.optimizer.warmup_steps = 200
-    config.optimizer.decay_steps = 2500
-    config.optimizer.b1 = 0.9
-    config.optimizer.b2 = 0.98
-    config.optimizer.weight_decay = 0.0
-    config.optimizer.grad_clip_norm = 1.0
-
-    config.train = ml_collections.ConfigDict()
-    config.train.batch_size = 128  # sentences, global
-    config.train.num_steps = 2500  # 11 epochs of 128 sentences
-    config.train.grad_accum_steps = 1
-    config.train.label_smoothing = 0.1
-    config.train.log_every = 100
-    config.train.checkpoint_every = 500
-    config.train.keep_checkpoints = 2
-    config.train.peak_flops = 0.0
-    config.train.wandb_project = ""
+    config.optimizer = optimizer_options(warmup_steps=200, decay_steps=2500, b2=0.98)
+    # 128 sentences a step: 2500 steps are 11 epochs of the 29k training pairs.
+    config.train = train_options(num_steps=2500, checkpoint_every=500, label_smoothing=0.1)
 
     config.eval = ml_collections.ConfigDict()
     config.eval.every = 500

@@ -42,3 +42,35 @@ def save_attention_heatmap(path: str | pathlib.Path, source_pieces: Sequence[str
     figure.colorbar(image, ax=list(axes), label="attention weight", shrink=0.8)
     figure.savefig(path, format="png", dpi=DPI)
     return round(figure.get_figwidth() * DPI), round(figure.get_figheight() * DPI)
+
+
+def save_confusion_matrix(path: str | pathlib.Path, matrix: np.ndarray, class_names: Sequence[str]) -> tuple[int, int]:
+    """Writes a PNG heat map of a confusion matrix to path: rows the true class, columns the predicted
+    class, colour the fraction of the true class's examples (rows normalised), each cell annotated with its
+    count. matrix: (K, K) counts. Returns the image's (width, height) in pixels."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    matrix = np.asarray(matrix)
+    k = len(class_names)
+    if matrix.shape != (k, k):
+        raise ValueError(f"confusion matrix has shape {matrix.shape}, expected (K, K) = {(k, k)}")
+    fractions = matrix / np.maximum(matrix.sum(axis=1, keepdims=True), 1)
+    side = 0.6 * k + 2.5  # inches: cells, tick labels and the colour bar
+    figure = Figure(figsize=(side + 1.0, side), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(figure)
+    ax = figure.subplots()
+    image = ax.imshow(fractions, cmap="Blues", vmin=0.0, vmax=1.0, interpolation="nearest")
+    for (i, j), count in np.ndenumerate(matrix):
+        ax.text(j, i, str(count), ha="center", va="center", fontsize=7,
+                color="white" if fractions[i, j] > 0.5 else "black")
+    ax.set_xticks(range(k), list(class_names), rotation=90)
+    ax.set_yticks(range(k), list(class_names))
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    accuracy = np.trace(matrix) / max(matrix.sum(), 1)
+    ax.set_title(f"confusion matrix (accuracy {accuracy:.1%})")
+    ax.tick_params(length=0)
+    figure.colorbar(image, ax=ax, label="fraction of the true class", shrink=0.8)
+    figure.savefig(path, format="png", dpi=DPI)
+    return round(figure.get_figwidth() * DPI), round(figure.get_figheight() * DPI)

@@ -35,7 +35,6 @@ SUMMARY_FILE = "summary.json"  # the last eval metrics and run facts
 RESULTS_FILE = "results.json"  # the experiment's held-out results after training
 
 
-
 def load_experiment(config: ml_collections.ConfigDict) -> Experiment:
     try:
         module = importlib.import_module(f"experiments.{config.experiment}")
@@ -277,8 +276,8 @@ def _train_loop(config, experiment, mesh, state, state_shardings, train_iter, op
     for name, text in texts.items():
         print(f"--- {name} ---\n{text}")
     results = experiment.final_results(state.params, evaluate_batches, workdir)
-    writer.write_scalars(step, results)
     (workdir / RESULTS_FILE).write_text(json.dumps({"step": step, **results}, indent=2))
     if results:
+        writer.write_scalars(step, results)
         print("results: " + " | ".join(f"{k} {v:.4g}" for k, v in results.items()))
     return {**summary, **results}

@@ -1,0 +1,198 @@
+"""Image classification on CIFAR-10 with a ViT (lm/models/vit.py).
+
+Data: a seeded 45k/5k train/val split of the training set (val scored during training), the 10k test
+split scored once at the end (results.json: top-1 and per-class accuracy, and a confusion-matrix PNG
+in the workdir). The local copy is decoded from JPEG, which costs about 2-3 points of accuracy
+against the original pixels (shared/data/README.md).
+Loss: softmax cross-entropy against the batch's soft targets (one-hot, or mixed by mixup/cutmix)
+smoothed by train.label_smoothing, over the valid rows only; plus the mixture-of-experts auxiliary
+losses. Logged: `cross_entropy` (unsmoothed) and `accuracy` (argmax against the hard label).
+"""
+
+import functools
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from lm import sharding
+from lm.data import images
+from lm.errors import UserError
+from lm.layers.moe import moe_objective, parameter_counts
+from lm.models.config import transformer_config
+from lm.models.vit import ViT, ViTConfig, flops_per_image, stack_position
+from lm.plots import save_confusion_matrix
+from lm.train.options import optimizer_options, train_options
+
+CONFUSION_MATRIX_FILE = "confusion_matrix.png"
+IMAGE_SHAPE = (32, 32, 3)
+
+
+def vit_config(model: ml_collections.ConfigDict) -> ViTConfig:
+    """The ViT of a config's `model` section: the shared block options plus patch_size, pool, position."""
+    blocks = model.copy_and_resolve_references()
+    blocks.position = stack_position(model.position)  # rope/alibi act in attention; the rest in vit.py
+    return ViTConfig(
+        transformer=transformer_config(blocks),
+        num_classes=images.NUM_CLASSES,
+        image_size=IMAGE_SHAPE[0],
+        channels=IMAGE_SHAPE[2],
+        patch_size=model.patch_size,
+        pool=model.pool,
+        position=model.position,
+    )
+
+
+def masked_mean(values: jax.Array, valid: jax.Array) -> jax.Array:
+    """Mean of values (B,) over the rows where valid (B,) is 1."""
+    valid = valid.astype(jnp.float32)
+    return jnp.sum(values * valid) / jnp.maximum(jnp.sum(valid), 1.0)
+
+
+def confusion_matrix(labels: np.ndarray, predictions: np.ndarray, num_classes: int) -> np.ndarray:
+    """(K, K) int64 counts: row = true class, column = predicted class."""
+    matrix = np.zeros((num_classes, num_classes), np.int64)
+    np.add.at(matrix, (labels, predictions), 1)
+    return matrix
+
+
+class ImageClassification:
+    unit = "images"
+    units_per_example = 1
+
+    def __init__(self, config: ml_collections.ConfigDict,
+                 splits: dict[str, tuple[np.ndarray, np.ndarray]] | None = None):
+        """splits: {"train", "val", "test"} -> (images (N, 32, 32, 3) uint8, labels (N,) int32)."""
+        self.config = config
+        self.splits = splits or {}
+        self.model = ViT(vit_config(config.model))
+
+    def init(self, rng: jax.Array) -> dict:
+        return self.model.init({"params": rng}, jnp.zeros((1, *IMAGE_SHAPE), jnp.float32))
+
+    def loss(self, params, batch, rng, train: bool):
+        logits, collections = self.model.apply(
+            {"params": params}, batch["image"], train=train, rngs={"dropout": rng}, mutable=["moe"]
+        )  # (B, K)
+        valid = batch["valid"]
+        targets = batch["targets"]  # (B, K), rows sum to 1 (0 for dummy rows)
+        smoothed = optax.smooth_labels(targets, self.config.train.label_smoothing)
+        loss = masked_mean(optax.softmax_cross_entropy(logits, smoothed), valid)
+        cross_entropy = masked_mean(optax.softmax_cross_entropy(logits, targets), valid)
+        accuracy = masked_mean((jnp.argmax(logits, -1) == batch["label"]).astype(jnp.float32), valid)
+        moe = self.config.model.moe
+        aux_loss, moe_metrics = moe_objective(collections.get("moe", {}), moe.load_balance_weight,
+                                              moe.router_z_weight)
+        return loss + aux_loss, {"cross_entropy": cross_entropy, "accuracy": accuracy, **moe_metrics}
+
+    def augmentation(self) -> images.Augmentation:
+        d = self.config.data
+        return images.Augmentation(
+            crop_padding=d.crop_padding, flip=d.flip, randaugment_ops=d.randaugment_ops,
+            randaugment_magnitude=d.randaugment_magnitude, mixup_alpha=d.mixup_alpha, cutmix_alpha=d.cutmix_alpha,
+        )
+
+    def train_data(self, batch_size: int, seed: int, shard: tuple[int, int]):
+        return images.train_batches(*self.splits["train"], batch_size, seed, shard, self.augmentation(),
+                                    self.config.data.num_workers)
+
+    def eval_data(self, split: str = "val"):
+        shard = (jax.process_index(), jax.process_count())
+        return images.eval_batches(*self.splits[split], self.config.eval.batch_size // shard[1], shard)
+
+    def eval_weight(self, batch) -> jax.Array:
+        return jnp.sum(batch["valid"].astype(jnp.float32))  # the real images
+
+    def active_params(self, params) -> int:
+        return parameter_counts(params, self.config.model.moe.top_k)[1]
+
+    def flops_per_example(self, active_params: int) -> float:
+        return flops_per_image(self.model.config, active_params)
+
+    def save_assets(self, workdir: pathlib.Path) -> None:
+        """Nothing: the class names are fixed and the model needs no tokenizer."""
+
+    def texts(self, params) -> dict[str, str]:
+        return {}
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def _predict(self, params, image: jax.Array) -> jax.Array:
+        """image (B, H, W, C) -> predicted classes (B,)."""
+        return jnp.argmax(self.model.apply({"params": params}, image), axis=-1)
+
+    def predict(self, params, batches) -> tuple[np.ndarray, np.ndarray]:
+        """(labels (N,), predictions (N,)) over the valid rows of batches, in order."""
+        labels, predictions = [], []
+        for batch in batches:
+            valid = batch["valid"].astype(bool)
+            predictions.append(np.asarray(self._predict(params, batch["image"]))[valid])
+            labels.append(batch["label"][valid])
+        return np.concatenate(labels), np.concatenate(predictions)
+
+    def final_results(self, params, evaluate, workdir: pathlib.Path) -> dict[str, float]:
+        """Test top-1 accuracy and cross-entropy (through the trainer's eval step), per-class
+        accuracy and workdir/confusion_matrix.png (from this process's share of the test split)."""
+        test = self.eval_data("test")
+        metrics = evaluate(test)
+        results = {"test_accuracy": metrics["accuracy"], "test_cross_entropy": metrics["cross_entropy"]}
+        labels, predictions = self.predict(params, test)
+        matrix = confusion_matrix(labels, predictions, images.NUM_CLASSES)
+        per_class = np.diag(matrix) / np.maximum(matrix.sum(axis=1), 1)
+        for name, accuracy in zip(images.CLASS_NAMES, per_class, strict=True):
+            results[f"test_accuracy_{name}"] = float(accuracy)
+        save_confusion_matrix(workdir / CONFUSION_MATRIX_FILE, matrix, images.CLASS_NAMES)
+        return results
+
+
+def build(config: ml_collections.ConfigDict) -> ImageClassification:
+    """Reads CIFAR-10 and splits the training set into train and val (data.num_val, data.split_seed)."""
+    if config.data.dataset != "cifar10":
+        raise UserError(f"data.dataset={config.data.dataset!r}: only 'cifar10' is supported")
+    train_images, train_labels = images.load_cifar10("train")
+    train_rows, val_rows = images.train_val_split(len(train_labels), config.data.num_val, config.data.split_seed)
+    splits = {
+        "train": (train_images[train_rows], train_labels[train_rows]),
+        "val": (train_images[val_rows], train_labels[val_rows]),
+        "test": images.load_cifar10("test"),
+    }
+    return ImageClassification(config, splits)
+
+
+def from_workdir(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> ImageClassification:
+    """The experiment for predicting with a trained model: no data needed."""
+    return ImageClassification(config)
+
+
+def base_config() -> ml_collections.ConfigDict:
+    """What every CIFAR-10 config shares: data, optimiser, trainer, eval and mesh sections
+    (configs/vit_cifar10.py adds the model)."""
+    config = ml_collections.ConfigDict()
+    config.experiment = "image_classification"
+    config.seed = 0
+
+    config.data = ml_collections.ConfigDict()
+    config.data.dataset = "cifar10"
+    config.data.num_val = 5000  # held out of the 50k training images, seeded by split_seed
+    config.data.split_seed = 0
+    config.data.crop_padding = 4  # random crop after zero padding; 0: off
+    config.data.flip = True  # random horizontal flip
+    config.data.randaugment_ops = 0  # RandAugment ops per image; 0: off
+    config.data.randaugment_magnitude = 9.0  # 0..10
+    config.data.mixup_alpha = 0.0  # 0: off
+    config.data.cutmix_alpha = 0.0  # 0: off (both > 0: one or the other per batch)
+    config.data.num_workers = 0  # 0: augment in a background thread; > 0: worker processes
+
+    config.optimizer = optimizer_options(warmup_steps=500, decay_steps=10000, weight_decay=0.05)
+    config.train = train_options(num_steps=10000, label_smoothing=0.1)  # batch_size in images
+
+    config.eval = ml_collections.ConfigDict()
+    config.eval.every = 1000
+    config.eval.batch_size = 1000  # images, global (the 5k val and 10k test splits)
+
+    config.mesh = sharding.mesh_options()
+    config.sharding_rules = sharding.DEFAULT_RULES
+    return config
+

@@ -1,0 +1,34 @@
+"""The optimizer and train sections every config shares (lm/train/optim.py and lm/train/loop.py
+read them); configs pass what differs from these defaults."""
+
+import ml_collections
+
+
+def optimizer_options(**overrides) -> ml_collections.ConfigDict:
+    """AdamW with global-norm clipping; linear warmup, then cosine decay to min_learning_rate."""
+    options = ml_collections.ConfigDict()
+    options.learning_rate = 1e-3  # peak, after warmup
+    options.min_learning_rate = 1e-5  # reached at decay_steps, then held
+    options.warmup_steps = 100
+    options.decay_steps = 2000
+    options.b1 = 0.9
+    options.b2 = 0.999
+    options.weight_decay = 0.0  # decoupled (AdamW), on matrices only
+    options.grad_clip_norm = 1.0  # the global norm gradients are scaled down to
+    options.update(overrides)
+    return options
+
+
+def train_options(**overrides) -> ml_collections.ConfigDict:
+    """Batch, length of the run, logging and checkpointing."""
+    options = ml_collections.ConfigDict()
+    options.batch_size = 128  # examples, global across all devices and hosts
+    options.num_steps = 2000
+    options.grad_accum_steps = 1  # micro-batches per step (batch_size is split into them)
+    options.log_every = 100
+    options.checkpoint_every = 1000
+    options.keep_checkpoints = 2
+    options.peak_flops = 0.0  # per device, for MFU; 0 = look up or measure
+    options.wandb_project = ""  # non-empty turns Weights & Biases logging on
+    options.update(overrides)
+    return options
