@@ -24,7 +24,8 @@ def get_config(variant: str = "base") -> ml_collections.ConfigDict:
     )
     config.model.architecture = "transformer"
     config.model.vocab_multiple = 64
-    config.optimizer.update(learning_rate=5e-4, warmup_steps=400)
+    config.model.scale_embeddings = True  # token embeddings times sqrt(D), as in the paper
+    config.optimizer.update(learning_rate=5e-4, warmup_steps=200)
 
     if variant == "base":
         pass

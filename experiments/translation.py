@@ -46,6 +46,7 @@ def build_model(config: ml_collections.ConfigDict, source_vocab: int, target_voc
         return EncoderDecoder(EncoderDecoderConfig(
             source_vocab_size=source_vocab, target_vocab_size=target_vocab, max_length=config.data.buckets[-1],
             transformer=transformer_config(m), vocab_multiple=m.vocab_multiple,
+            scale_embeddings=m.scale_embeddings,
         ))
     raise UserError(f"model.architecture={m.architecture!r}: use one of {ARCHITECTURES}")
 

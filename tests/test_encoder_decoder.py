@@ -92,3 +92,24 @@ def test_only_decoder_blocks_cross_attend():
     assert "cross_attention" in params["decoder"]["stack"]["block_0"]
     assert "cross_attention" not in params["encoder"]["stack"]["block_0"]
     assert params["encoder"]["token_embed"]["embedding"].shape == (64, 16)  # 13 ids padded to 64
+
+
+@pytest.mark.parametrize("scale", [True, False])
+def test_embedding_is_scaled_tokens_plus_sinusoids(scale):
+    """embed() = E[tokens] * sqrt(D) (Vaswani et al. 3.4; 1 without scale_embeddings) + the sinusoidal table."""
+    from lm.layers.positions import sinusoidal_table
+    from lm.models.transformer import embed
+
+    blocks = dataclasses.replace(BLOCKS, position="sinusoidal")
+
+    class Embedding(nn.Module):
+        @nn.compact
+        def __call__(self, tokens):
+            return embed(tokens, jnp.arange(tokens.shape[1]), 13, 16, blocks, scale, train=False)[0]
+
+    tokens = jnp.asarray([[4, 7, 12, 0, 5]])
+    variables = Embedding().init(jax.random.key(0), tokens)
+    table = np.asarray(nn.unbox(variables)["params"]["token_embed"]["embedding"])
+    positions = np.asarray(sinusoidal_table(jnp.arange(5), 16))
+    expected = table[np.asarray(tokens)] * (np.sqrt(16) if scale else 1) + positions
+    np.testing.assert_allclose(Embedding().apply(variables, tokens), expected, rtol=1e-6, atol=1e-6)

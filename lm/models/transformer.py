@@ -10,6 +10,7 @@ Decoding: `decode(..., decode=True)` feeds target tokens a few at a time through
 """
 
 import dataclasses
+import math
 
 import flax.linen as nn
 import jax
@@ -28,20 +29,23 @@ class EncoderDecoderConfig:
     max_length: int  # rows of learned position tables
     transformer: TransformerConfig  # num_layers each for the encoder and the decoder
     vocab_multiple: int = 64  # embedding rows padded to a multiple, so 'vocab' can be sharded
+    scale_embeddings: bool = True  # token embeddings times sqrt(D), as in Vaswani et al. (section 3.4)
 
     def padded(self, vocab_size: int) -> int:
         return -(-vocab_size // self.vocab_multiple) * self.vocab_multiple
 
 
 def embed(tokens: jax.Array, positions: jax.Array, vocab_size: int, max_length: int, cfg: TransformerConfig,
-          train: bool) -> tuple[jax.Array, nn.Embed]:
-    """tokens (B, L), positions (L,) -> (B, L, D) token embedding + position table, with dropout;
-    and the token table (the decoder's output layer reuses it). Call inside a compact method."""
+          scale: bool, train: bool) -> tuple[jax.Array, nn.Embed]:
+    """tokens (B, L), positions (L,) -> (B, L, D) token embedding [* sqrt(D)] + position table, with
+    dropout; and the token table (the decoder's output layer reuses it). Call inside a compact method.
+    The scale keeps the tokens from drowning in a fixed sinusoidal table of amplitude 1 when the
+    embeddings start small (N(0, 1/sqrt(D)) with the xavier scheme)."""
     table = nn.Embed(vocab_size, cfg.embed_dim, dtype=cfg.dtype,
                      embedding_init=param_init(cfg.inits.embedding, ("vocab", "embed")), name="token_embed")
     position_table = PositionEmbedding(cfg.position, max_length, cfg.embed_dim, cfg.inits.embedding,
                                        name="position_embed")(positions)
-    x = table(tokens) + position_table[None].astype(cfg.dtype)
+    x = table(tokens) * (math.sqrt(cfg.embed_dim) if scale else 1.0) + position_table[None].astype(cfg.dtype)
     x = nn.Dropout(cfg.dropout, deterministic=not train)(x)
     return constrain(x, ("batch", "length", "embed")), table
 
@@ -54,7 +58,7 @@ class Encoder(nn.Module):
         """source, source_mask (B, S) -> memory (B, S, D); padding keys are never attended to."""
         cfg = self.config
         x, _ = embed(source, jnp.arange(source.shape[1]), cfg.padded(cfg.source_vocab_size), cfg.max_length,
-                     cfg.transformer, train)
+                     cfg.transformer, cfg.scale_embeddings, train)
         return TransformerStack(cfg.transformer, causal=False, name="stack")(
             x, mask=padding_mask(source_mask.astype(bool)), train=train, capture_weights=capture_weights
         )
@@ -78,7 +82,7 @@ class Decoder(nn.Module):
             if not self.is_initializing():
                 index.value = cache_index + length
         x, table = embed(decoder_inputs, positions, cfg.padded(cfg.target_vocab_size), cfg.max_length,
-                         cfg.transformer, train)
+                         cfg.transformer, cfg.scale_embeddings, train)
         x = TransformerStack(cfg.transformer, causal=True, cross_attention=True, name="stack")(
             x, positions=positions, cache_index=cache_index, memory=memory,
             memory_mask=padding_mask(source_mask.astype(bool)), train=train, capture_weights=capture_weights,
