@@ -19,8 +19,11 @@ def test_loss_falls_on_real_data(trained_run):
     eval_loss = logged(workdir, "eval_loss")
     assert eval_loss[0] == pytest.approx(np.log(65), abs=0.15)  # uniform over 65 characters at init
     assert summary["eval_loss"] < eval_loss[0] - 0.6, eval_loss
-    for name in ["config.json", "tokenizer.json", "samples.txt", "summary.json"]:
+    for name in ["config.json", "tokenizer.json", "samples.txt", "summary.json", "results.json"]:
         assert (workdir / name).is_file(), name
+    assert json.loads((workdir / "results.json").read_text()) == {"step": 40}  # no test split
+    assert json.loads((workdir / "summary.json").read_text()) == summary
+    assert 0 < summary["compile_seconds"] < summary["train_seconds"]
     assert list((workdir / "tensorboard").glob("events.out.tfevents.*"))
     record = json.loads((workdir / "metrics.jsonl").read_text().splitlines()[1])
     assert {"loss", "learning_rate", "grad_norm", "tokens_per_second", "mfu"} <= set(record)

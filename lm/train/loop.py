@@ -230,6 +230,7 @@ def _train_loop(config, experiment, mesh, state, state_shardings, train_iter, op
 
     stop = StopSignal()
     step = start_step
+    loop_start = time.perf_counter()
     last_eval = evaluate(step) if step == 0 else {}
     pending: list[dict] = []
     interval_start, interval_steps = time.perf_counter(), 0
@@ -266,8 +267,9 @@ def _train_loop(config, experiment, mesh, state, state_shardings, train_iter, op
             checkpointer.save(step, state, train_iter)
 
     summary = {"step": step, **last_eval, "num_params": num_params, "active_params": active_params}
-    if train_step.compiled:
+    if train_step.compiled:  # this segment trained (a rerun of a finished run does not)
         summary["compile_seconds"] = train_step.seconds
+        summary["train_seconds"] = time.perf_counter() - loop_start  # compiles, evals, checkpoints included
     if stop.requested:
         print(f"SIGTERM: saved a checkpoint at step {step}; rerun the same command to resume")
         return summary
