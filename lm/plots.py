@@ -74,3 +74,30 @@ def save_confusion_matrix(path: str | pathlib.Path, matrix: np.ndarray, class_na
     figure.colorbar(image, ax=ax, label="fraction of the true class", shrink=0.8)
     figure.savefig(path, format="png", dpi=DPI)
     return round(figure.get_figwidth() * DPI), round(figure.get_figheight() * DPI)
+
+
+def save_loss_curves(path: str | pathlib.Path, curves: Mapping[str, tuple[np.ndarray, ...]], ylabel: str,
+                     title: str = "") -> tuple[int, int]:
+    """Writes a PNG of loss curves to path: one colour per entry of curves, each (steps, mean, low, high)
+    arrays of equal length drawn as the mean line over a shaded low-high band (e.g. min-max over seeds).
+    Returns the image's (width, height) in pixels."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(8.0, 5.0), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(figure)
+    ax = figure.subplots()
+    colours = [f"C{i % 10}" for i in range(len(curves))]
+    for colour, (label, (steps, mean, low, high)) in zip(colours, curves.items(), strict=True):
+        ax.plot(steps, mean, color=colour, label=label, marker="." if len(steps) < 20 else None)
+        ax.fill_between(steps, low, high, color=colour, alpha=0.2, linewidth=0)
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title or ylabel)
+    ax.grid(alpha=0.3)
+    if curves:
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "nothing logged", ha="center", va="center", transform=ax.transAxes)
+    figure.savefig(path, format="png", dpi=DPI)
+    return round(figure.get_figwidth() * DPI), round(figure.get_figheight() * DPI)

@@ -1,0 +1,262 @@
+"""lm.sweep (grid, checks, skip/resume) and lm.compare (statistics, divergence, report, plots)."""
+
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from lm import compare, sweep
+from lm.errors import UserError
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+TEST_CONFIG = "configs/gpt_shakespeare.py:test"
+
+
+def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+# --- lm.sweep ---------------------------------------------------------------------------------------------
+
+
+def test_grid_is_the_product_of_the_axes_in_order_with_readable_names():
+    grid = sweep.expand_grid({"model.norm_position": ["pre", "post"], "seed": ["0", "1", "2"]})
+    assert grid == [{"model.norm_position": p, "seed": s} for p in ("pre", "post") for s in ("0", "1", "2")]
+    assert sweep.arm_name(grid[0]) == "model.norm_position=pre,seed=0"
+    assert sweep.arm_name({"data.path": "a/b c", "x": "1e-3"}) == "data.path=a_b_c,x=1e-3"
+
+
+def test_axis_and_value_parsing():
+    assert sweep.parse_axis("optimizer.learning_rate=1e-3, 3e-4") == ("optimizer.learning_rate", ["1e-3", "3e-4"])
+    assert [sweep.parse_value(v) for v in ("3", "3e-4", "true", "False", "pre", "(1, 2)")] == [
+        3, 3e-4, True, False, "pre", (1, 2)]
+    assert [sweep.format_value(v) for v in (True, 0, 1e-3, "rms")] == ["true", "0", "0.001", "rms"]
+    for bad in ("seed", "seed=", "=1,2", "seed=1,,2"):
+        with pytest.raises(UserError):
+            sweep.parse_axis(bad)
+
+
+def test_overrides_are_resolved_with_the_config_types():
+    config = sweep.resolve_config(TEST_CONFIG, {"seed": "3", "model.norm": "rms", "optimizer.learning_rate": "1e-2",
+                                                "model.use_bias": "false"})
+    assert (config.seed, config.model.norm, config.optimizer.learning_rate, config.model.use_bias) == (
+        3, "rms", 0.01, False)
+
+
+class RecordingRunner:
+    """Stands in for the lm.main subprocess: records the arms it runs and writes their results.json."""
+
+    def __init__(self, exit_codes: dict[str, int] | None = None):
+        self.calls = []
+        self.exit_codes = exit_codes or {}
+
+    def __call__(self, spec, overrides, workdir):
+        self.calls.append((spec, dict(overrides), workdir.name))
+        code = self.exit_codes.get(workdir.name, 0)
+        if code == 0:
+            workdir.mkdir(parents=True, exist_ok=True)
+            (workdir / "results.json").write_text(json.dumps({"step": int(overrides["train.num_steps"])}))
+        return code
+
+
+@pytest.mark.parametrize("axes, overrides, message", [
+    ({"model.nrm": ["layer", "rms"]}, {}, "unknown key nrm"),
+    ({"seed": ["0", "x"]}, {}, "--config.seed=x"),
+    ({"seed": ["0"], "model.norm": []}, {}, "model.norm has no values"),
+    ({"seed": ["0"]}, {"seed": "1"}, "both a sweep axis"),
+    ({"seed": ["0"]}, {"train.nope": "1"}, "unknown key nope"),
+    ({}, {}, "no sweep axes"),
+])
+def test_bad_sweeps_fail_before_any_arm_runs(tmp_path, axes, overrides, message):
+    runner = RecordingRunner()
+    with pytest.raises(UserError, match=message):
+        sweep.run_sweep(TEST_CONFIG, axes, overrides, tmp_path / "sweep", runner=runner)
+    assert runner.calls == [] and not (tmp_path / "sweep").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--sweep=model.nrm=layer,rms"], "unknown key nrm"),
+    (["--sweep=seed=0,1", "--config.train.num_steps=many"], "--config.train.num_steps=many"),
+    (["--sweep=seed="], "needs one or more non-empty values"),
+])
+def test_sweep_cli_errors_are_one_line_and_write_nothing(tmp_path, args, message):
+    result = run_cli("lm.sweep", f"--config={TEST_CONFIG}", f"--workdir={tmp_path / 'sweep'}", *args)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: ") and message in result.stderr
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_finished_arms_are_skipped_and_the_others_run(tmp_path):
+    workdir = tmp_path / "sweep"
+    arm = {s: workdir / f"seed={s}" for s in range(4)}
+    for seed, step in ((0, 4), (1, 2)):  # seed 0 finished; seed 1 finished a shorter run earlier
+        arm[seed].mkdir(parents=True)
+        (arm[seed] / "results.json").write_text(json.dumps({"step": step}))
+    arm[2].mkdir()  # seed 2 was interrupted: a folder (checkpoints) but no results.json
+    runner = RecordingRunner(exit_codes={"seed=3": 1})
+    arms = sweep.run_sweep(TEST_CONFIG, {"seed": ["0", "1", "2", "3"]}, {"train.num_steps": "4"}, workdir,
+                           runner=runner)
+    assert [call[2] for call in runner.calls] == ["seed=1", "seed=2", "seed=3"]
+    assert runner.calls[0] == (TEST_CONFIG, {"train.num_steps": "4", "seed": "1"}, "seed=1")
+    assert [a.status for a in arms] == ["skipped (finished earlier)", "finished", "finished", "failed (exit 1)"]
+    record = json.loads((workdir / "sweep.json").read_text())
+    assert record["config"] == TEST_CONFIG and record["axes"] == {"seed": [0, 1, 2, 3]}
+    assert record["overrides"] == {"train.num_steps": 4}
+    assert [(a["name"], a["status"], a["workdir"]) for a in record["arms"]] == [
+        (a.name, a.status, str(a.workdir)) for a in arms]
+
+    runner = RecordingRunner()
+    sweep.run_sweep(TEST_CONFIG, {"seed": ["0", "1", "2", "3"]}, {"train.num_steps": "4"}, workdir, runner=runner)
+    assert [call[2] for call in runner.calls] == ["seed=3"]  # only the failed arm is left
+
+
+def test_sweep_file(tmp_path):
+    file = tmp_path / "my_sweep.py"
+    file.write_text('"""doc"""\nCONFIG = "configs/gpt_shakespeare.py:test"\n'
+                    'AXES = {"model.use_bias": [True, False], "seed": [0, 1]}\nOVERRIDES = {"train.num_steps": 3}\n')
+    assert sweep.load_sweep_file(str(file)) == (
+        TEST_CONFIG, {"model.use_bias": ["true", "false"], "seed": ["0", "1"]}, {"train.num_steps": "3"})
+    file.write_text('CONFIG = "c.py"\nAXES = {"seed": []}\n')
+    with pytest.raises(UserError, match="non-empty list"):
+        sweep.load_sweep_file(str(file))
+
+
+@pytest.mark.parametrize("name", ["norm_position", "norm_kind", "mlp_kind", "positions"])
+def test_the_ablation_sweep_files_are_valid(tmp_path, name):
+    spec, axes, overrides = sweep.load_sweep_file(str(REPO / "experiments" / "sweeps" / f"{name}.py"))
+    arms = sweep.plan_sweep(spec, axes, overrides, tmp_path)
+    assert axes["seed"] == ["0", "1", "2"] and len(arms) == math.prod(len(v) for v in axes.values()) >= 6
+
+
+# --- lm.compare -------------------------------------------------------------------------------------------
+
+
+def write_run(folder: pathlib.Path, config: dict, train_losses: list[float], eval_losses: list[float],
+              steps_per_second: list[float] | None = None, num_params: int = 1000, active_params: int = 800):
+    """A run folder as lm.main writes it: train records at steps 10, 20, ..., eval at 0, 10, 20, ..."""
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    speeds = steps_per_second or [1.0] * len(train_losses)
+    records = [{"step": 10 * i, "eval_loss": loss} for i, loss in enumerate(eval_losses)]
+    records += [{"step": 10 * (i + 1), "loss": loss, "learning_rate": 1e-3, "steps_per_second": speed}
+                for i, (loss, speed) in enumerate(zip(train_losses, speeds, strict=True))]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))  # NaN -> NaN, as json
+    (folder / "summary.json").write_text(json.dumps({"num_params": num_params, "active_params": active_params}))
+
+
+def base_config(norm: str, seed: int) -> dict:
+    return {"seed": seed, "model": {"norm": norm, "num_layers": 2}, "data": {"buckets": [16, 32]}}
+
+
+@pytest.fixture
+def synthetic_runs(tmp_path) -> pathlib.Path:
+    root = tmp_path / "runs"
+    for seed, (final, best) in enumerate([(2.0, 1.5), (2.2, 1.9), (2.4, 2.3)]):
+        write_run(root / f"layer_{seed}", base_config("layer", seed), [3.0, 2.5, 2.0],
+                  [4.0, best, final], steps_per_second=[100.0, 10.0 + seed, 20.0 + seed])
+    write_run(root / "rms_0", base_config("rms", 0), [3.0, 2.0, 3.01], [4.0, 3.0, 2.5])  # a spike of 1.01
+    write_run(root / "rms_1", base_config("rms", 1), [3.0, 2.0, 2.9], [4.0, 3.0, 2.0])  # a rise of 0.9
+    write_run(root / "elsewhere" / "copied", base_config("rms", 2), [3.0, float("nan"), 2.0], [4.0, 3.5, 1.0])
+    return root
+
+
+def test_comparison_statistics(synthetic_runs, tmp_path):
+    stats = compare.compare(str(synthetic_runs), out=str(tmp_path / "report"))
+    assert list(stats) == ["model.norm=layer", "model.norm=rms"]
+    layer, rms = stats["model.norm=layer"], stats["model.norm=rms"]
+    assert layer["n"] == 3 and rms["n"] == 3
+    np.testing.assert_allclose(layer["final_val_loss"], (2.2, 0.2))  # sample std of 2.0, 2.2, 2.4
+    np.testing.assert_allclose(layer["best_val_loss"], (1.9, 0.4))  # of 1.5, 1.9, 2.3
+    assert layer["steps_per_second"] == pytest.approx(16.0)  # (10, 20), (11, 21), (12, 22): first interval left out
+    assert (layer["num_params"], layer["active_params"]) == (1000, 800)
+    assert layer["diverged"] == {}
+    np.testing.assert_allclose(rms["final_val_loss"], (np.mean([2.5, 2.0, 1.0]), np.std([2.5, 2.0, 1.0], ddof=1)))
+    assert sorted(rms["diverged"]) == ["copied", "rms_0"]
+    assert "loss nan at step 20" in rms["diverged"]["copied"]
+    assert "spike" in rms["diverged"]["rms_0"] and "step 30" in rms["diverged"]["rms_0"]
+
+
+def test_divergence_and_single_seed_statistics(tmp_path):
+    write_run(tmp_path / "a", base_config("layer", 0), [3.0, 2.0, 2.5], [4.0, float("inf")])
+    write_run(tmp_path / "b", base_config("layer", 1), [3.0, 2.0, 2.5], [4.0, 2.0])
+    write_run(tmp_path / "c", base_config("layer", 2), [3.0], [4.0])
+    a, b, c = compare.find_runs(tmp_path)
+    assert compare.divergence(a) == "eval_loss inf at step 10"
+    assert compare.divergence(b) == "" and "spike" in compare.divergence(b, spike=0.4)
+    assert compare.steps_per_second(c) is None  # only the first (warm-up) interval was logged
+    assert compare.mean_std([2.0]) == (2.0, None) and compare.mean_std([None]) == (None, None)
+    assert math.isnan(compare.mean_std([2.0, float("nan")])[0])  # a diverged seed is not averaged away
+    groups = compare.group_runs([b], None)
+    assert list(groups) == ["all runs"]
+    row = compare.table({"all runs": compare.group_stats([b])}).splitlines()[-1]
+    assert row == "| all runs | 1 | 2.0000 | 2.0000 | 1.00 | 800 / 1,000 | 0/1 |"
+
+
+def test_report_and_plots_are_written(synthetic_runs, tmp_path):
+    out = tmp_path / "report"
+    result = run_cli("lm.compare", str(synthetic_runs), f"--out={out}", "--group_by=model.norm")
+    assert result.returncode == 0, result.stderr
+    assert "| model.norm=layer | 3 | 2.2000 ± 0.2000 | 1.9000 ± 0.4000 | 16.00 | 800 / 1,000 | 0/3 |" in result.stdout
+    report = (out / "report.md").read_text()
+    assert "| model.norm=rms | 3 |" in report and "2/3 |" in report and "`elsewhere/copied`" in report
+    from matplotlib.image import imread
+
+    for name in ("train_loss.png", "val_loss.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert imread(out / name).shape[:2] == (500, 800)
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "no runs under"),
+    (["--group_by=model.nope"], "no run's config has model.nope"),
+])
+def test_compare_cli_errors(synthetic_runs, tmp_path, args, message):
+    root = tmp_path / "empty" if not args else synthetic_runs
+    root.mkdir(exist_ok=True)
+    before = sorted(root.rglob("*"))
+    result = run_cli("lm.compare", str(root), *args)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and message in result.stderr
+    assert sorted(root.rglob("*")) == before
+
+
+# --- end to end -------------------------------------------------------------------------------------------
+
+
+def test_a_2x2_sweep_of_the_test_config_then_compare(tmp_path, data_dir):
+    """Four real lm.main runs, two at a time (one device each, for speed), a rerun that resumes the one
+    arm whose results.json was deleted and skips the rest, then lm.compare on the sweep folder."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    workdir = tmp_path / "sweep"
+    args = ["lm.sweep", f"--config={TEST_CONFIG}", "--sweep=model.norm=layer,rms", "--sweep=seed=0,1",
+            f"--workdir={workdir}", "--parallel=2", "--config.train.num_steps=4", "--config.train.log_every=2",
+            "--config.eval.every=2", "--config.eval.num_batches=1"]
+    result = run_cli(*args, env=env)
+    assert result.returncode == 0, result.stderr + result.stdout
+    names = ["model.norm=layer,seed=0", "model.norm=layer,seed=1", "model.norm=rms,seed=0", "model.norm=rms,seed=1"]
+    record = json.loads((workdir / "sweep.json").read_text())
+    assert [(a["name"], a["status"]) for a in record["arms"]] == [(n, "finished") for n in names]
+    for name in names:
+        config = json.loads((workdir / name / "config.json").read_text())
+        assert (config["model"]["norm"], config["seed"], config["train"]["num_steps"]) == (
+            name.split(",")[0].split("=")[1], int(name[-1]), 4)
+
+    (workdir / names[1] / "results.json").unlink()
+    result = run_cli(*args, env=env)
+    assert result.returncode == 0, result.stderr + result.stdout
+    assert "3 finished earlier, 1 to run" in result.stdout
+    assert "resumed from step 4" in (workdir / names[1] / "train.log").read_text()
+    for name in names:  # one lm.main command line each, two for the resumed arm
+        commands = [line for line in (workdir / name / "train.log").read_text().splitlines() if line.startswith("$ ")]
+        assert len(commands) == (2 if name == names[1] else 1)
+    assert json.loads((workdir / names[1] / "results.json").read_text())["step"] == 4
+
+    result = run_cli("lm.compare", str(workdir))
+    assert result.returncode == 0, result.stderr
+    assert "| model.norm=layer | 2 |" in result.stdout and "| model.norm=rms | 2 |" in result.stdout
+    assert {"report.md", "train_loss.png", "val_loss.png"} <= {p.name for p in workdir.iterdir()}
