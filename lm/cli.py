@@ -10,6 +10,15 @@ from lm.errors import UserError
 EXIT_USER_ERROR = 2
 
 
+def define_workdir(help_text: str) -> flags.FlagHolder:
+    """The required --workdir flag of a CLI. Defined once per process (tests import several CLIs
+    side by side; in a real run only one defines it, with its own help text)."""
+    if "workdir" not in flags.FLAGS:
+        flags.DEFINE_string("workdir", None, help_text)
+        flags.mark_flag_as_required("workdir")
+    return flags.FlagHolder(flags.FLAGS, flags.FLAGS["workdir"])
+
+
 def fail(message: str) -> None:
     print(f"error: {' '.join(message.split())}", file=sys.stderr)
     sys.exit(EXIT_USER_ERROR)

@@ -9,14 +9,14 @@ Rerunning the same command resumes from the latest checkpoint in --workdir.
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from lm.cli import parse_flags, run_user_errors
+from lm.cli import define_workdir, parse_flags, run_user_errors
 from lm.cpu import keep_freed_memory
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file and variant, e.g. configs/gpt_shakespeare.py:baby", lock_config=True
 )
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run folder: config, checkpoints, logs, samples.")
-flags.mark_flags_as_required(["config", "workdir"])
+_WORKDIR = define_workdir("Run folder: config, checkpoints, logs, samples.")
+flags.mark_flag_as_required("config")
 
 
 def main(argv: list[str]) -> None:

@@ -8,18 +8,17 @@ import pathlib
 
 from absl import app, flags, logging
 
-from lm.cli import parse_flags, run_user_errors
+from lm.cli import define_workdir, parse_flags, run_user_errors
 from lm.errors import UserError
 from lm.runs import load_run
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "A run folder written by lm.main.")
+_WORKDIR = define_workdir("A run folder written by lm.main.")
 _PROMPT = flags.DEFINE_string("prompt", "\n", "Text to continue.")
 _MAX_NEW_TOKENS = flags.DEFINE_integer("max_new_tokens", 300, "How many tokens to generate.")
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.8, "Softmax temperature; 0 is greedy.")
 _TOP_K = flags.DEFINE_integer("top_k", 40, "Sample from the k most likely tokens; 0 = all.")
 _NUM_SAMPLES = flags.DEFINE_integer("num_samples", 1, "How many independent samples.")
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
-flags.mark_flag_as_required("workdir")
 
 
 def main(argv: list[str]) -> None:

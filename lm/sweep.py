@@ -30,7 +30,7 @@ import threading
 from absl import app, flags
 from ml_collections import config_flags
 
-from lm.cli import fail, parse_flags, run_user_errors
+from lm.cli import define_workdir, fail, parse_flags, run_user_errors
 from lm.errors import UserError
 
 SWEEP_FILE = "sweep.json"
@@ -40,9 +40,8 @@ LOG_FILE = "train.log"  # an arm's lm.main output
 _CONFIG = flags.DEFINE_string("config", None, "Config file and variant, e.g. configs/gpt_shakespeare.py:baby")
 _SWEEP = flags.DEFINE_multi_string("sweep", [], "An axis: key=value1,value2,... (repeat for a grid).")
 _SWEEP_FILE = flags.DEFINE_string("sweep_file", None, "A Python file with CONFIG, AXES and OVERRIDES.")
-_WORKDIR = flags.DEFINE_string("workdir", None, "The sweep folder; each arm trains in a subfolder.")
+_WORKDIR = define_workdir("The sweep folder; each arm trains in a subfolder.")
 _PARALLEL = flags.DEFINE_integer("parallel", 1, "How many arms train at a time.")
-flags.mark_flag_as_required("workdir")
 
 
 @dataclasses.dataclass

@@ -14,16 +14,15 @@ import pathlib
 
 from absl import app, flags, logging
 
-from lm.cli import parse_flags, run_user_errors
+from lm.cli import define_workdir, parse_flags, run_user_errors
 from lm.errors import UserError
 from lm.runs import load_run
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "A translation run folder written by lm.main.")
+_WORKDIR = define_workdir("A translation run folder written by lm.main.")
 _BEAM_SIZE = flags.DEFINE_integer("beam_size", 4, "Beams per sentence; 1 is greedy.")
 _LENGTH_PENALTY = flags.DEFINE_float("length_penalty", 0.6, "GNMT length penalty alpha for beam search.")
 _ATTENTION_PNG = flags.DEFINE_string("attention_png", None,
                                      "Save the attention heat map of the (single) translation to this PNG file.")
-flags.mark_flag_as_required("workdir")
 
 
 def check_arguments(sentences: list[str], beam_size: int, length_penalty: float, attention_png: str | None) -> None:

@@ -1,7 +1,6 @@
 """Recurrent seq2seq models: attention math, padding invariance, step/teacher-forcing agreement, the bottleneck."""
 
 import functools
-import time
 
 import flax.linen as nn
 import jax
@@ -190,7 +189,6 @@ def reverse_task(n: int = 64, length: int = 5, tokens: int = 10, seed: int = 0):
 
 
 def test_bahdanau_overfits_reversal():
-    start = time.perf_counter()
     data = {k: jnp.asarray(v) for k, v in reverse_task().items()}
     config = Seq2SeqConfig(16, 16, embed_dim=16, hidden_dim=32, attention="bahdanau")
     model = Seq2Seq(config)
@@ -218,7 +216,6 @@ def test_bahdanau_overfits_reversal():
     _, final_acc = loss_fn(params)
     assert losses[-1] < 0.1 * losses[0]
     assert final_acc >= 0.95, f"teacher-forced token accuracy {final_acc:.3f}"
-    assert time.perf_counter() - start < 20
 
 
 @pytest.mark.parametrize("field,value", [("cell", "rnn"), ("attention", "luong")])
