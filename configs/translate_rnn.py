@@ -10,7 +10,12 @@ Variants (pick one after the colon):
 
 Switches: --config.model.cell=lstm, --config.model.attention=luong_dot|luong_general,
 --config.data.tokenizer=word (lowercased words, as the PyTorch tutorials), --config.data.source_lang=en
---config.data.target_lang=de. Results (BLEU, training time) are reported in the README once measured.
+--config.data.target_lang=de.
+
+Measured on test_2016_flickr (sacreBLEU, beam 4; README "Translation" has the rest), 2-core CPU at
+about 1.0-1.1 steps/s (2,000 steps: ~33 min):
+  attention    36.4 after 2100 steps (--config.train.num_steps=2100), 33.0 after 1000
+  noattention  21.2 after 1000 steps (--config.train.num_steps=1000)
 """
 
 import ml_collections

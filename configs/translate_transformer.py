@@ -7,7 +7,8 @@ Variants (pick one after the colon):
         python -m lm.main --config=configs/translate_transformer.py:base --workdir=runs/mt_transformer
   test  A tiny model and few steps, for tests.
 
-Results (BLEU, training time) are reported in the README once measured.
+Measured on test_2016_flickr: 36.6 sacreBLEU, 37.0 lowercased tokenised BLEU (beam 4) after 2000
+steps (--config.train.num_steps=2000), at about 1.05-1.24 steps/s on a 2-core CPU (~30 min).
 """
 
 import ml_collections
