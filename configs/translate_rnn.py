@@ -20,7 +20,7 @@ about 1.0-1.1 steps/s (2,000 steps: ~33 min):
 
 import ml_collections
 
-from experiments.translation import base_config
+from experiments.translation import base_config, use_test_sizes
 
 
 def get_config(variant: str = "attention") -> ml_collections.ConfigDict:
@@ -41,10 +41,7 @@ def get_config(variant: str = "attention") -> ml_collections.ConfigDict:
         config.model.attention = "none"
     elif variant == "test":
         config.model.update(embed_dim=16, hidden_dim=32, dropout=0.0)
-        config.data.update(vocab_size=500, buckets=(16, 32))  # two batch shapes: two compilations
-        config.train.update(batch_size=16, num_steps=20, log_every=5, checkpoint_every=10)
-        config.optimizer.update(learning_rate=3e-3, warmup_steps=2, decay_steps=20)
-        config.eval.update(every=10, batch_size=256, beam_sizes=(1, 2))
+        use_test_sizes(config)
     else:
         raise ValueError(f"unknown variant {variant!r} of translate_rnn: use attention, noattention or test")
     return config

@@ -13,7 +13,7 @@ steps (--config.train.num_steps=2000), at about 1.05-1.24 steps/s on a 2-core CP
 
 import ml_collections
 
-from experiments.translation import base_config
+from experiments.translation import base_config, use_test_sizes
 from lm.models.config import transformer_options
 
 
@@ -32,10 +32,7 @@ def get_config(variant: str = "base") -> ml_collections.ConfigDict:
         pass
     elif variant == "test":
         config.model.update(num_layers=1, num_heads=2, num_kv_heads=2, embed_dim=32, dropout=0.0)
-        config.data.update(vocab_size=500, buckets=(16, 32))  # two batch shapes: two compilations
-        config.train.update(batch_size=16, num_steps=20, log_every=5, checkpoint_every=10)
-        config.optimizer.update(learning_rate=3e-3, warmup_steps=2, decay_steps=20)
-        config.eval.update(every=10, batch_size=256, beam_sizes=(1, 2))
+        use_test_sizes(config)
     else:
         raise ValueError(f"unknown variant {variant!r} of translate_transformer: use base or test")
     return config

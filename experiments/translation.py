@@ -276,3 +276,12 @@ def base_config() -> ml_collections.ConfigDict:
     config.mesh = sharding.mesh_options()
     config.sharding_rules = sharding.DEFAULT_RULES
     return config
+
+
+def use_test_sizes(config: ml_collections.ConfigDict) -> None:
+    """The data, schedule and eval of the configs' `test` variants: a 500-piece vocabulary, two
+    bucket shapes (two compilations), 20 steps, greedy and beam-2 scoring; seconds on a CPU."""
+    config.data.update(vocab_size=500, buckets=(16, 32))
+    config.train.update(batch_size=16, num_steps=20, log_every=5, checkpoint_every=10)
+    config.optimizer.update(learning_rate=3e-3, warmup_steps=2, decay_steps=20)
+    config.eval.update(every=10, batch_size=256, beam_sizes=(1, 2))
