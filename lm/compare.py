@@ -25,10 +25,8 @@ from absl import app, flags
 
 from lm.cli import parse_flags, run_user_errors
 from lm.errors import UserError
+from lm.runs import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
 
-CONFIG_FILE = "config.json"
-METRICS_FILE = "metrics.jsonl"
-SUMMARY_FILE = "summary.json"
 SPIKE_NATS = 1.0  # the default --spike
 
 _OUT = flags.DEFINE_string("out", None, "Where report.md and the plots go (default: the runs directory).")

@@ -8,7 +8,11 @@ import ml_collections
 
 from lm.errors import UserError
 
-CONFIG_FILE = "config.json"
+# The files lm.main writes into a run folder.
+CONFIG_FILE = "config.json"  # the resolved config
+METRICS_FILE = "metrics.jsonl"  # one JSON object per logged step: train or eval scalars
+SUMMARY_FILE = "summary.json"  # the last eval metrics and run facts (parameters, compile and train time)
+RESULTS_FILE = "results.json"  # the experiment's held-out results, written once training is done
 
 
 def load_run(workdir: pathlib.Path, experiment: str):

@@ -32,9 +32,9 @@ from ml_collections import config_flags
 
 from lm.cli import define_workdir, fail, parse_flags, run_user_errors
 from lm.errors import UserError
+from lm.runs import RESULTS_FILE
 
 SWEEP_FILE = "sweep.json"
-RESULTS_FILE = "results.json"  # written by lm/train/loop.py when a run has finished
 LOG_FILE = "train.log"  # an arm's lm.main output
 
 _CONFIG = flags.DEFINE_string("config", None, "Config file and variant, e.g. configs/gpt_shakespeare.py:baby")

@@ -22,17 +22,14 @@ import numpy as np
 
 from lm import sharding
 from lm.errors import UserError
-from lm.runs import CONFIG_FILE
+from lm.runs import CONFIG_FILE, METRICS_FILE, RESULTS_FILE, SUMMARY_FILE
 from lm.train.checkpoint import Checkpointer
 from lm.train.experiment import Experiment
 from lm.train.flops import peak_flops_per_device
-from lm.train.metrics import METRICS_FILE, MetricWriter, truncate_log
+from lm.train.metrics import MetricWriter, truncate_log
 from lm.train.optim import learning_rate_schedule, make_optimizer
 from lm.train.state import TrainState
 from lm.train.step import make_eval_step, make_train_step
-
-SUMMARY_FILE = "summary.json"  # the last eval metrics and run facts
-RESULTS_FILE = "results.json"  # the experiment's held-out results after training
 
 
 def load_experiment(config: ml_collections.ConfigDict) -> Experiment:

@@ -5,7 +5,7 @@ import pathlib
 
 import jax
 
-METRICS_FILE = "metrics.jsonl"
+from lm.runs import METRICS_FILE
 
 
 def truncate_log(path: pathlib.Path, last_step: int) -> None:
