@@ -1,4 +1,4 @@
-"""Reopening a finished (or running) training run for inference: lm.sample, lm.translate."""
+"""A run folder: the files lm.main writes there, and reopening a run for inference (lm.sample, lm.translate)."""
 
 import importlib
 import json
