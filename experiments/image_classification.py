@@ -25,6 +25,7 @@ from lm.layers.moe import moe_objective, parameter_counts
 from lm.models.config import transformer_config
 from lm.models.vit import ViT, ViTConfig, flops_per_image, stack_position
 from lm.plots import save_confusion_matrix
+from lm.train.experiment import masked_mean
 from lm.train.options import optimizer_options, train_options
 
 CONFUSION_MATRIX_FILE = "confusion_matrix.png"
@@ -44,12 +45,6 @@ def vit_config(model: ml_collections.ConfigDict) -> ViTConfig:
         pool=model.pool,
         position=model.position,
     )
-
-
-def masked_mean(values: jax.Array, valid: jax.Array) -> jax.Array:
-    """Mean of values (B,) over the rows where valid (B,) is 1."""
-    valid = valid.astype(jnp.float32)
-    return jnp.sum(values * valid) / jnp.maximum(jnp.sum(valid), 1.0)
 
 
 def confusion_matrix(labels: np.ndarray, predictions: np.ndarray, num_classes: int) -> np.ndarray:

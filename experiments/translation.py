@@ -29,6 +29,7 @@ from lm.models.config import compute_dtype, transformer_config
 from lm.models.seq2seq import Seq2Seq, Seq2SeqConfig
 from lm.models.transformer import EncoderDecoder, EncoderDecoderConfig
 from lm.search import beam_search, greedy_search, rnn_step_fn, transformer_step_fn
+from lm.train.experiment import masked_mean
 from lm.train.options import optimizer_options, train_options
 
 ARCHITECTURES = ("rnn", "transformer")
@@ -49,12 +50,6 @@ def build_model(config: ml_collections.ConfigDict, source_vocab: int, target_voc
             scale_embeddings=m.scale_embeddings,
         ))
     raise UserError(f"model.architecture={m.architecture!r}: use one of {ARCHITECTURES}")
-
-
-def masked_mean(values: jax.Array, mask: jax.Array) -> jax.Array:
-    """Mean of values (B, T) over the positions where mask (B, T) is 1."""
-    mask = mask.astype(jnp.float32)
-    return jnp.sum(values * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
 class Translation:
