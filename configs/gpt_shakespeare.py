@@ -46,6 +46,7 @@ def get_config(variant: str = "baby") -> ml_collections.ConfigDict:
     config.eval.every = 250
     config.eval.batch_size = 48
     config.eval.num_batches = 8
+    config.eval.context_lengths = ()  # val lengths scored after training, e.g. (128,): 2x the training one
 
     config.sample = ml_collections.ConfigDict()
     config.sample.prompt = "\n"

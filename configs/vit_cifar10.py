@@ -40,7 +40,7 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
     if variant == "cpu":
         config.train.update(batch_size=128, num_steps=5000, log_every=100, checkpoint_every=1000)
         config.optimizer.update(learning_rate=1e-3, warmup_steps=300, decay_steps=5000, weight_decay=0.05)
-        config.eval.update(every=1000)
+        config.eval.update(every=500)
     elif variant == "full":
         config.model.update(num_layers=7, num_heads=12, num_kv_heads=12, embed_dim=384, mlp_ratio=1.0,
                             position="learned", pool="cls")

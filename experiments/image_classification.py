@@ -1,9 +1,10 @@
 """Image classification on CIFAR-10 with a ViT (lm/models/vit.py).
 
 Data: a seeded 45k/5k train/val split of the training set (val scored during training), the 10k test
-split scored once at the end (results.json: top-1 and per-class accuracy, and a confusion-matrix PNG
-in the workdir). The local copy is decoded from JPEG, which costs about 2-3 points of accuracy
-against the original pixels (shared/data/README.md).
+split scored once at the end (results.json: top-1 and per-class accuracy; in the workdir a
+confusion-matrix PNG and an attention-rollout PNG of the first test images). The local copy is
+decoded from JPEG, which costs about 2-3 points of accuracy against the original pixels
+(shared/data/README.md).
 Loss: softmax cross-entropy against the batch's soft targets (one-hot, or mixed by mixup/cutmix)
 smoothed by train.label_smoothing, over the valid rows only; plus the mixture-of-experts auxiliary
 losses. Logged: `cross_entropy` (unsmoothed) and `accuracy` (argmax against the hard label).
@@ -12,6 +13,7 @@ losses. Logged: `cross_entropy` (unsmoothed) and `accuracy` (argmax against the 
 import functools
 import pathlib
 
+import flax
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -24,11 +26,13 @@ from lm.errors import UserError
 from lm.layers.moe import moe_objective, parameter_counts
 from lm.models.config import transformer_config
 from lm.models.vit import ViT, ViTConfig, flops_per_image, stack_position
-from lm.plots import save_confusion_matrix
+from lm.plots import save_confusion_matrix, save_image_attention
 from lm.train.experiment import masked_mean
 from lm.train.options import optimizer_options, train_options
 
 CONFUSION_MATRIX_FILE = "confusion_matrix.png"
+ATTENTION_FILE = "attention_rollout.png"
+ATTENTION_IMAGES = 8  # the first test images, drawn with their attention rollout
 IMAGE_SHAPE = (32, 32, 3)
 
 
@@ -52,6 +56,17 @@ def confusion_matrix(labels: np.ndarray, predictions: np.ndarray, num_classes: i
     matrix = np.zeros((num_classes, num_classes), np.int64)
     np.add.at(matrix, (labels, predictions), 1)
     return matrix
+
+
+def attention_rollout(layers: list[np.ndarray]) -> np.ndarray:
+    """Attention rollout (Abnar & Zuidema, 2020): per-layer attention [(B, T, T)] (mean over heads, first
+    layer first) -> (B, T, T), row t = how much token t's output draws on each input token, counting the
+    residual path as half of every layer: R = A'_L ... A'_1 with A' = (A + I) / 2 (rows sum to 1)."""
+    identity = np.eye(layers[0].shape[-1])
+    rollout = np.broadcast_to(identity, layers[0].shape)
+    for weights in layers:
+        rollout = 0.5 * (weights + identity) @ rollout
+    return rollout
 
 
 class ImageClassification:
@@ -127,9 +142,25 @@ class ImageClassification:
             labels.append(batch["label"][valid])
         return np.concatenate(labels), np.concatenate(predictions)
 
+    def patch_attention(self, params, image: np.ndarray) -> np.ndarray:
+        """image (B, H, W, C) uint8 -> (B, grid, grid): the attention rollout from the pooled output to
+        each patch (the [CLS] token's row, or the mean of all rows for average pooling); sums to 1 per
+        image, less what [CLS] keeps from itself."""
+        _, sown = self.model.apply({"params": params}, images.normalize(image), capture_weights=True,
+                                   mutable=["intermediates"])
+        layers = {}  # block index -> (B, T, T), mean over heads
+        for path, (weights,) in flax.traverse_util.flatten_dict(sown["intermediates"]).items():
+            block = next(name for name in path if name.startswith("block_"))
+            layers[int(block.removeprefix("block_"))] = np.asarray(weights, np.float64).mean(axis=1)
+        rollout = attention_rollout([layers[i] for i in sorted(layers)])
+        cfg = self.model.config
+        pooled = rollout[:, 0, 1:] if cfg.pool == "cls" else rollout.mean(axis=1)  # (B, N)
+        return pooled.reshape(-1, cfg.grid_size, cfg.grid_size)
+
     def final_results(self, params, evaluate, workdir: pathlib.Path) -> dict[str, float]:
         """Test top-1 accuracy and cross-entropy (through the trainer's eval step), per-class
-        accuracy and workdir/confusion_matrix.png (from this process's share of the test split)."""
+        accuracy and workdir/confusion_matrix.png (from this process's share of the test split), and
+        workdir/attention_rollout.png for the first test images."""
         test = self.eval_data("test")
         metrics = evaluate(test)
         results = {"test_accuracy": metrics["accuracy"], "test_cross_entropy": metrics["cross_entropy"]}
@@ -139,6 +170,11 @@ class ImageClassification:
         for name, accuracy in zip(images.CLASS_NAMES, per_class, strict=True):
             results[f"test_accuracy_{name}"] = float(accuracy)
         save_confusion_matrix(workdir / CONFUSION_MATRIX_FILE, matrix, images.CLASS_NAMES)
+        rows = test[0]["index"][:ATTENTION_IMAGES]  # this process's first test images (all valid)
+        pixels = self.splits["test"][0][rows]  # (n, H, W, C) uint8
+        titles = [f"{images.CLASS_NAMES[t]}\n-> {images.CLASS_NAMES[p]}"
+                  for t, p in zip(labels[:len(rows)], predictions[:len(rows)], strict=True)]
+        save_image_attention(workdir / ATTENTION_FILE, pixels, self.patch_attention(params, pixels), titles)
         return results
 
 

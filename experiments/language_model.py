@@ -96,9 +96,19 @@ class LanguageModel:
         return {"sample": self.sample(params, s.prompt, s.max_new_tokens, s.temperature, s.top_k)}
 
     def final_results(self, params, evaluate, workdir: pathlib.Path) -> dict[str, float]:
-        """None beyond the last eval: the corpus has no test split (benchmarks/gpt_baby.py reports
-        the loss over the whole val split)."""
-        return {}
+        """Val cross-entropy in windows of each eval.context_lengths, e.g. twice the training length to
+        see which positions extrapolate: 'val_cross_entropy_ctx128'. Learned positions have no table
+        rows past the training length, so longer lengths are left out for them. (The corpus has no test
+        split; benchmarks/gpt_baby.py reports the loss over the whole val split.)"""
+        e, trained_length = self.config.eval, self.config.data.context_length
+        results = {}
+        for length in e.context_lengths:
+            if self.config.model.position == "learned" and length > trained_length:
+                print(f"val at context {length}: left out, learned positions stop at {trained_length}")
+                continue
+            batches = text.eval_windows(self.val_tokens, length, e.batch_size, e.num_batches, seed=0)
+            results[f"val_cross_entropy_ctx{length}"] = evaluate(batches)["cross_entropy"]
+        return results
 
 
 def build(config: ml_collections.ConfigDict) -> LanguageModel:

@@ -5,10 +5,11 @@
 Reads every run folder under the directory (any folder with config.json and metrics.jsonl written by
 lm.main: sweep arms, or runs copied in from elsewhere). Runs whose configs differ only by `seed` form a
 group (or, with --group_by=a,b, runs with the same values of those keys). Per group it prints n (seeds),
-final and best val loss (last and lowest eval_loss) as mean ± sample std over seeds, steps/s (mean of
-the logged steps_per_second, leaving out each run's first logged interval), parameters (summary.json)
-and how many runs diverged. It writes report.md, train_loss.png and val_loss.png (mean curve over seeds
-with a min-max band) into --out (default: the directory).
+final and best val loss (last and lowest eval_loss) as mean ± sample std over seeds, the same for every
+score in the runs' results.json (e.g. test BLEU, or val loss at a longer context; '-' where none has
+it), steps/s (mean of the logged steps_per_second, leaving out each run's first logged interval),
+parameters (summary.json) and how many runs diverged. It writes report.md, train_loss.png and
+val_loss.png (mean curve over seeds with a min-max band) into --out (default: the directory).
 
 Divergence: a run diverged if a logged train loss or eval loss is NaN or infinite, or if a logged train
 loss (a mean over train.log_every steps) is more than --spike nats above the lowest train loss logged
@@ -25,7 +26,7 @@ from absl import app, flags
 
 from lm.cli import parse_flags, run_user_errors
 from lm.errors import UserError
-from lm.runs import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
+from lm.runs import CONFIG_FILE, METRICS_FILE, RESULTS_FILE, SUMMARY_FILE
 
 SPIKE_NATS = 1.0  # the default --spike
 
@@ -43,6 +44,7 @@ class Run:
     train: list[dict]  # metrics.jsonl records with a train 'loss', in step order
     eval: list[dict]  # records with 'eval_loss'
     summary: dict
+    results: dict  # results.json without 'step' (scores after training, e.g. test BLEU); {} if absent
 
 
 def flatten(tree: dict, prefix: str = "") -> dict:
@@ -59,13 +61,15 @@ def flatten(tree: dict, prefix: str = "") -> dict:
 def read_run(path: pathlib.Path) -> Run:
     records = [json.loads(line) for line in (path / METRICS_FILE).read_text().splitlines() if line.strip()]
     records.sort(key=lambda r: r["step"])
-    summary_path = path / SUMMARY_FILE
+    summary_path, results_path = path / SUMMARY_FILE, path / RESULTS_FILE
+    results = json.loads(results_path.read_text()) if results_path.is_file() else {}
     return Run(
         path=path,
         config=flatten(json.loads((path / CONFIG_FILE).read_text())),
         train=[r for r in records if "loss" in r],
         eval=[r for r in records if "eval_loss" in r],
         summary=json.loads(summary_path.read_text()) if summary_path.is_file() else {},
+        results={k: v for k, v in results.items() if k != "step"},
     )
 
 
@@ -142,6 +146,8 @@ def group_stats(runs: list[Run], spike: float = SPIKE_NATS) -> dict:
         "num_params": runs[0].summary.get("num_params"),
         "active_params": runs[0].summary.get("active_params"),
         "diverged": {name: why for name, why in reasons.items() if why},
+        "results": {key: mean_std([r.results.get(key) for r in runs])
+                    for key in sorted({k for r in runs for k in r.results})},
     }
 
 
@@ -157,14 +163,18 @@ def format_params(count) -> str:
 
 
 def table(stats: dict[str, dict]) -> str:
-    """A Markdown table, a row per group."""
-    rows = ["| group | n | final val loss | best val loss | steps/s | params (active / total) | diverged |",
-            "|---|---|---|---|---|---|---|"]
+    """A Markdown table, a row per group; a column for each results.json score any run has."""
+    result_keys = sorted({k for s in stats.values() for k in s["results"]})
+    rows = ["| group | n | final val loss | best val loss | " + "".join(f"{k} | " for k in result_keys)
+            + "steps/s | params (active / total) | diverged |",
+            "|---|---|---|---|" + "---|" * len(result_keys) + "---|---|---|"]
     for label, s in stats.items():
         speed = "-" if s["steps_per_second"] is None else f"{s['steps_per_second']:.2f}"
         params = f"{format_params(s['active_params'])} / {format_params(s['num_params'])}"
+        scores = "".join(f"{format_mean_std(s['results'].get(k, (None, None)))} | " for k in result_keys)
         rows.append(f"| {label} | {s['n']} | {format_mean_std(s['final_val_loss'])} | "
-                    f"{format_mean_std(s['best_val_loss'])} | {speed} | {params} | {len(s['diverged'])}/{s['n']} |")
+                    f"{format_mean_std(s['best_val_loss'])} | {scores}{speed} | {params} | "
+                    f"{len(s['diverged'])}/{s['n']} |")
     return "\n".join(rows)
 
 

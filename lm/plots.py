@@ -101,3 +101,31 @@ def save_loss_curves(path: str | pathlib.Path, curves: Mapping[str, tuple[np.nda
         ax.text(0.5, 0.5, "nothing logged", ha="center", va="center", transform=ax.transAxes)
     figure.savefig(path, format="png", dpi=DPI)
     return round(figure.get_figwidth() * DPI), round(figure.get_figheight() * DPI)
+
+
+def save_image_attention(path: str | pathlib.Path, images: np.ndarray, maps: np.ndarray,
+                         titles: Sequence[str]) -> tuple[int, int]:
+    """Writes a PNG of images over their attention maps to path: a column per image, the image on top
+    (titled), below it the image with its map (grid x grid, upsampled to the image) overlaid. images:
+    (n, H, W, C) uint8; maps: (n, grid, grid), non-negative. Returns the image's (width, height) in pixels."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    if len(images) != len(maps) or len(images) != len(titles) or not len(images):
+        raise ValueError(f"{len(images)} images, {len(maps)} maps and {len(titles)} titles: need as many, > 0")
+    height, width = images.shape[1:3]
+    figure = Figure(figsize=(1.6 * len(images) + 0.3, 3.8), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(2, len(images), squeeze=False)
+    for column, (image, weights, title) in enumerate(zip(images, maps, titles, strict=True)):
+        top, bottom = axes[0, column], axes[1, column]
+        top.imshow(image, interpolation="nearest")
+        top.set_title(title, fontsize=8)
+        bottom.imshow(image, interpolation="nearest")
+        bottom.imshow(np.asarray(weights, np.float32), cmap="inferno", alpha=0.6, interpolation="bilinear",
+                      extent=(-0.5, width - 0.5, height - 0.5, -0.5))
+        for ax in (top, bottom):
+            ax.set_axis_off()
+    axes[1, 0].set_title("attention rollout", fontsize=8, loc="left")
+    figure.savefig(path, format="png", dpi=DPI)
+    return round(figure.get_figwidth() * DPI), round(figure.get_figheight() * DPI)

@@ -5,6 +5,7 @@ import pathlib
 import sys
 
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+os.environ["LM_OFFLINE"] = "1"  # tests never download: missing data must fail with a message
 
 import pytest  # noqa: E402
 
@@ -40,6 +41,7 @@ def trained_run(tmp_path_factory, data_dir):
     config = get_config("test")
     config.train.num_steps = 40
     config.optimizer.decay_steps = 40
+    config.eval.context_lengths = (16, 32)  # the training length, and 2x (left out: learned positions)
     workdir = tmp_path_factory.mktemp("trained")
     summary = train(config, str(workdir), devices=jax.devices()[:1])
     return config, workdir, summary

@@ -198,6 +198,24 @@ def test_divergence_and_single_seed_statistics(tmp_path):
     assert row == "| all runs | 1 | 2.0000 | 2.0000 | 1.00 | 800 / 1,000 | 0/1 |"
 
 
+def test_results_json_scores_get_a_column_each(tmp_path):
+    """Scores after training (results.json) are averaged over seeds; a group without one shows '-'."""
+    for seed, score in enumerate([1.0, 2.0]):
+        write_run(tmp_path / f"rope_{seed}", base_config("rope", seed), [3.0], [2.0])
+        (tmp_path / f"rope_{seed}" / "results.json").write_text(json.dumps({"step": 10, "val_ctx128": score}))
+    write_run(tmp_path / "learned_0", base_config("learned", 0), [3.0], [2.5])
+    (tmp_path / "learned_0" / "results.json").write_text(json.dumps({"step": 10}))
+    groups = compare.group_runs(compare.find_runs(tmp_path))
+    stats = {label: compare.group_stats(runs) for label, runs in groups.items()}
+    np.testing.assert_allclose(stats["model.norm=rope"]["results"]["val_ctx128"], (1.5, np.sqrt(0.5)))
+    assert stats["model.norm=learned"]["results"] == {}
+    lines = compare.table(stats).splitlines()
+    assert lines[0] == ("| group | n | final val loss | best val loss | val_ctx128 | steps/s | params (active / total) "
+                        "| diverged |")
+    assert lines[2] == "| model.norm=learned | 1 | 2.5000 | 2.5000 | - | - | 800 / 1,000 | 0/1 |"
+    assert lines[3].startswith("| model.norm=rope | 2 | 2.0000 ± 0.0000 | 2.0000 ± 0.0000 | 1.5000 ± 0.7071 |")
+
+
 def test_report_and_plots_are_written(synthetic_runs, tmp_path):
     out = tmp_path / "report"
     result = run_cli("lm.compare", str(synthetic_runs), f"--out={out}", "--group_by=model.norm")

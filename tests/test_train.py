@@ -21,7 +21,8 @@ def test_loss_falls_on_real_data(trained_run):
     assert summary["eval_loss"] < eval_loss[0] - 0.6, eval_loss
     for name in ["config.json", "tokenizer.json", "samples.txt", "summary.json", "results.json"]:
         assert (workdir / name).is_file(), name
-    assert json.loads((workdir / "results.json").read_text()) == {"step": 40}  # no test split
+    results = json.loads((workdir / "results.json").read_text())  # no test split; no 2x context (learned)
+    assert results == {"step": 40, "val_cross_entropy_ctx16": pytest.approx(summary["eval_cross_entropy"])}
     assert json.loads((workdir / "summary.json").read_text()) == summary
     assert 0 < summary["compile_seconds"] < summary["train_seconds"]
     assert list((workdir / "tensorboard").glob("events.out.tfevents.*"))
@@ -104,3 +105,28 @@ def test_the_train_step_compiles_once_per_batch_shape():
         state, _ = step(state, {"x": np.ones((2, length), np.float32)})
     assert len(step.compiled) == 2 and step.seconds > 0
     assert float(state) == 2 * (3 + 5 + 3 + 5 + 3)
+
+
+def test_val_loss_at_a_longer_context_scores_windows_of_that_length(data_dir, test_config):
+    """eval.context_lengths: RoPE and ALiBi models are scored on windows twice the training length
+    (the per-token cross-entropy of the model on exactly those windows); learned positions are left out."""
+    from experiments.language_model import build
+
+    test_config.eval.context_lengths = (32,)
+    for position in ("rope", "alibi", "learned"):
+        test_config.model.position = position
+        experiment = build(test_config)
+        params = experiment.init(jax.random.key(0))["params"]
+        seen = []
+
+        def evaluate(batches, experiment=experiment, params=params, seen=seen):
+            seen.extend(b["inputs"].shape for b in batches)
+            losses = [experiment.loss(params, b, jax.random.key(0), train=False)[1]["cross_entropy"] for b in batches]
+            return {"cross_entropy": float(np.mean(losses))}
+
+        results = experiment.final_results(params, evaluate, workdir=None)
+        if position == "learned":
+            assert results == {} and seen == []
+            continue
+        assert seen == [(8, 32)] * 2  # eval.batch_size x 32, eval.num_batches of them
+        assert results["val_cross_entropy_ctx32"] == pytest.approx(np.log(65), abs=0.2)  # untrained: ~uniform

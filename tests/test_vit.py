@@ -226,8 +226,66 @@ def test_missing_data_names_the_path(tmp_path, monkeypatch):
         with pytest.raises(UserError, match="LM_DATA_DIR") as error:
             cifar.load_cifar10("test")
         assert str(tmp_path / "cifar10" / "test.npz") in str(error.value)
+        assert str(tmp_path / "cifar10" / "cifar-10-python.tar.gz") in str(error.value)  # nor the archive
     finally:
         cifar.load_cifar10.cache_clear()
+
+
+def write_canonical_archive(path, rng) -> dict[str, np.ndarray]:
+    """A small cifar-10-python.tar.gz in the canonical layout (3 images per batch); returns its rows."""
+    import io
+    import pickle
+    import tarfile
+
+    rows = {}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w:gz") as archive:
+        for split, names in cifar.ARCHIVE_BATCHES.items():
+            rows[split] = rng.integers(0, 256, (3 * len(names), 3072), dtype=np.uint8)
+            for i, name in enumerate(names):
+                batch = {b"data": rows[split][3 * i: 3 * i + 3], b"labels": [i, (i + 1) % 10, 9]}
+                data = pickle.dumps(batch)
+                info = tarfile.TarInfo(f"cifar-10-batches-py/{name}")
+                info.size = len(data)
+                archive.addfile(info, io.BytesIO(data))
+    return rows
+
+
+def test_the_canonical_archive_is_read_when_there_is_no_npz(tmp_path, monkeypatch):
+    """Pixel (y, x) of channel c is byte c * 1024 + y * 32 + x of the row; the 5 train batches in order."""
+    rows = write_canonical_archive(tmp_path / "cifar10" / "cifar-10-python.tar.gz", np.random.default_rng(0))
+    monkeypatch.setenv("LM_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "tfds"))
+    cifar.load_cifar10.cache_clear()
+    try:
+        images, labels = cifar.load_cifar10("train")
+    finally:
+        cifar.load_cifar10.cache_clear()
+    assert images.shape == (15, 32, 32, 3) and images.dtype == np.uint8
+    expected = np.array([[[[row[c * 1024 + y * 32 + x] for c in range(3)] for x in range(32)] for y in range(32)]
+                         for row in rows["train"]])
+    np.testing.assert_array_equal(images, expected)
+    np.testing.assert_array_equal(labels, [0, 1, 9, 1, 2, 9, 2, 3, 9, 3, 4, 9, 4, 5, 9])
+    test_images, test_labels = cifar.read_cifar10_archive(tmp_path / "cifar10" / "cifar-10-python.tar.gz", "test")
+    assert test_images.shape == (3, 32, 32, 3) and list(test_labels) == [0, 1, 9]
+
+
+def test_downloads_are_checked_against_their_md5(tmp_path, monkeypatch):
+    """find_file's download path (a file:// URL here: tests never touch the network)."""
+    from lm.data import files
+
+    source = tmp_path / "source.bin"
+    source.write_bytes(b"pixels")
+    monkeypatch.delenv("LM_OFFLINE")
+    monkeypatch.setenv("LM_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setattr(files, "CACHE_DIR", tmp_path / "cache")
+    with pytest.raises(UserError, match="md5 is not 0123"):
+        files.find_file("d/a.bin", source.as_uri(), md5="0123")
+    assert not list((tmp_path / "cache").rglob("*.bin*"))  # nothing half-checked is kept
+    import hashlib
+
+    path = files.find_file("d/a.bin", source.as_uri(), md5=hashlib.md5(b"pixels").hexdigest())
+    assert path == tmp_path / "cache" / "d" / "a.bin" and path.read_bytes() == b"pixels"
 
 
 def test_trainer_end_to_end(tmp_path, data_dir):
@@ -241,6 +299,46 @@ def test_trainer_end_to_end(tmp_path, data_dir):
     per_class = [results[f"test_accuracy_{name}"] for name in cifar.CLASS_NAMES]
     np.testing.assert_allclose(np.mean(per_class), results["test_accuracy"], atol=1e-6)  # 1000 per class
     assert (tmp_path / "confusion_matrix.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "attention_rollout.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "eval_accuracy" in summary
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert any("images_per_second" in r for r in records)
+
+
+def test_attention_rollout_against_the_formula():
+    """R = A'_2 A'_1 with A' = (A + I) / 2, per image; rows stay distributions."""
+    from experiments.image_classification import attention_rollout
+
+    rng = np.random.default_rng(0)
+    layers = [rng.dirichlet(np.ones(5), size=(3, 5)) for _ in range(2)]  # (B, T, T), rows sum to 1
+    rollout = attention_rollout(layers)
+    for b in range(3):
+        first, second = ((a[b] + np.eye(5)) / 2 for a in layers)
+        np.testing.assert_allclose(rollout[b], second @ first)
+    np.testing.assert_allclose(rollout.sum(-1), 1.0)
+    identity = np.broadcast_to(np.eye(4), (2, 4, 4))
+    np.testing.assert_allclose(attention_rollout([identity]), identity)
+
+
+@pytest.mark.parametrize("pool", ["gap", "cls"])
+def test_patch_attention_is_a_distribution_over_the_patches(pool, tmp_path):
+    """With average pooling the rollout to the patches sums to 1; with [CLS] to 1 less what [CLS] keeps."""
+    from configs.vit_cifar10 import get_config
+    from experiments.image_classification import ImageClassification
+    from lm.plots import save_image_attention
+
+    config = get_config("test")
+    config.model.pool = pool
+    experiment = ImageClassification(config)
+    params = experiment.init(jax.random.key(0))["params"]
+    params = jax.tree.map(lambda x: x + 0.1 * jax.random.normal(jax.random.key(1), x.shape), params)  # not uniform
+    pixels = np.random.default_rng(0).integers(0, 256, (3, 32, 32, 3), dtype=np.uint8)
+    maps = experiment.patch_attention(params, pixels)
+    assert maps.shape == (3, 4, 4) and (maps >= 0).all()  # patch 8: a 4 x 4 grid
+    if pool == "gap":
+        np.testing.assert_allclose(maps.sum((1, 2)), 1.0, rtol=1e-6)
+    else:
+        assert ((maps.sum((1, 2)) > 0.05) & (maps.sum((1, 2)) < 1.0)).all()
+    assert not np.allclose(maps[0], maps[0].mean())  # the weights differ across patches
+    size = save_image_attention(tmp_path / "a.png", pixels, maps, ["a", "b", "c"])
+    assert (tmp_path / "a.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and size[0] > size[1]

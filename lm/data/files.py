@@ -1,5 +1,6 @@
 """Finding data files: $LM_DATA_DIR first, then a download into a cache when a network exists."""
 
+import hashlib
 import os
 import pathlib
 import urllib.request
@@ -11,9 +12,9 @@ OFFLINE_ENV = "LM_OFFLINE"  # set to skip download attempts
 CACHE_DIR = pathlib.Path(os.environ.get("LM_CACHE_DIR", "~/.cache/lm")).expanduser()
 
 
-def find_file(relative_path: str, url: str | None = None) -> pathlib.Path:
-    """Returns $LM_DATA_DIR/relative_path, else a cached download of url (unless $LM_OFFLINE is set),
-    else raises UserError naming every place it looked."""
+def find_file(relative_path: str, url: str | None = None, md5: str | None = None) -> pathlib.Path:
+    """Returns $LM_DATA_DIR/relative_path, else a cached download of url (unless $LM_OFFLINE is set;
+    checked against md5 when given), else raises UserError naming every place it looked."""
     data_dir = os.environ.get(DATA_DIR_ENV)
     looked_at = []
     if data_dir:
@@ -31,10 +32,13 @@ def find_file(relative_path: str, url: str | None = None) -> pathlib.Path:
             partial = cached.with_suffix(cached.suffix + ".partial")
             with urllib.request.urlopen(url, timeout=60) as response:
                 partial.write_bytes(response.read())
+            if md5 is not None and hashlib.md5(partial.read_bytes()).hexdigest() != md5:
+                partial.unlink()
+                raise OSError(f"the download's md5 is not {md5}")
             partial.rename(cached)
             return cached
         except OSError as e:
-            looked_at.append(f"{url} ({e.__class__.__name__})")
+            looked_at.append(f"{url} ({e})")
     raise UserError(
         f"data file {relative_path} not found (looked at: {', '.join(looked_at)}); "
         f"set {DATA_DIR_ENV} to a folder holding {relative_path} (see shared/data/README.md)"

@@ -17,6 +17,8 @@ N mod G examples of each epoch's permutation sit that epoch out); process `index
 import dataclasses
 import functools
 import os
+import pickle
+import tarfile
 
 import grain
 import numpy as np
@@ -25,6 +27,11 @@ from lm.data.files import find_file
 from lm.errors import UserError
 
 CIFAR10_DIR = "cifar10"  # $LM_DATA_DIR/cifar10/{train,test}.npz: x (N, 32, 32, 3) uint8, y (N,) int32
+# The canonical archive (lossless pixels), downloaded into the cache when nothing else is there.
+CIFAR10_ARCHIVE = "cifar10/cifar-10-python.tar.gz"
+CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+CIFAR10_MD5 = "c58f30108f718f92721af3b95e74349a"
+ARCHIVE_BATCHES = {"train": [f"data_batch_{i}" for i in range(1, 6)], "test": ["test_batch"]}
 SPLITS = ("train", "test")
 CLASS_NAMES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 NUM_CLASSES = len(CLASS_NAMES)
@@ -52,12 +59,26 @@ def _tfds_arrays(split: str) -> tuple[np.ndarray, np.ndarray] | str:
     return images, labels
 
 
+def read_cifar10_archive(path, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """(images (N, 32, 32, 3) uint8, labels (N,) int32) from the canonical cifar-10-python.tar.gz:
+    pickled batches whose b'data' rows are 3072 bytes, the red, green and blue 32 x 32 planes in turn."""
+    with tarfile.open(path) as archive:
+        batches = [pickle.load(archive.extractfile(f"cifar-10-batches-py/{name}"), encoding="bytes")
+                   for name in ARCHIVE_BATCHES[split]]
+    rows = np.concatenate([np.asarray(b[b"data"], np.uint8) for b in batches])  # (N, 3072)
+    images = rows.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)  # (N, 32, 32, 3)
+    labels = np.concatenate([np.asarray(b[b"labels"], np.int32) for b in batches])
+    return np.ascontiguousarray(images), labels
+
+
 @functools.lru_cache(maxsize=len(SPLITS))
 def load_cifar10(split: str) -> tuple[np.ndarray, np.ndarray]:
     """(images (N, 32, 32, 3) uint8, labels (N,) int32) of the train (50k) or test (10k) split, read-only.
 
     From $LM_DATA_DIR/cifar10/<split>.npz (decoded from JPEG: see shared/data/README.md), else a
-    prepared TFDS cifar10; else UserError naming the paths looked at. Cached per process."""
+    prepared TFDS cifar10, else the canonical archive ($LM_DATA_DIR/cifar10/cifar-10-python.tar.gz,
+    or downloaded into the cache unless $LM_OFFLINE is set); else UserError naming the paths looked
+    at. Cached per process."""
     if split not in SPLITS:
         raise UserError(f"unknown CIFAR-10 split {split!r}: use one of {list(SPLITS)}")
     try:
@@ -65,7 +86,10 @@ def load_cifar10(split: str) -> tuple[np.ndarray, np.ndarray]:
     except UserError as missing:
         found = _tfds_arrays(split)
         if isinstance(found, str):
-            raise UserError(f"{missing}; {found}") from None
+            try:
+                found = read_cifar10_archive(find_file(CIFAR10_ARCHIVE, CIFAR10_URL, CIFAR10_MD5), split)
+            except UserError as no_archive:
+                raise UserError(f"{missing}; {found}; {no_archive}") from None
         images, labels = found
     else:
         with np.load(path) as arrays:

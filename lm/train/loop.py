@@ -221,7 +221,9 @@ def _train_loop(config, experiment, mesh, state, state_shardings, train_iter, op
 
     def evaluate(step: int) -> dict[str, float]:
         results = {f"eval_{k}": v for k, v in evaluate_batches(eval_batches).items()}
-        writer.write_scalars(step, results)
+        # elapsed_seconds: wall time since this segment's loop started (compiles included), for
+        # time-to-accuracy curves
+        writer.write_scalars(step, {**results, "elapsed_seconds": time.perf_counter() - loop_start})
         print(f"step {step:>6} | eval loss {results['eval_loss']:.4f}")
         return results
 
