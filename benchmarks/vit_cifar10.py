@@ -50,9 +50,8 @@ def main(argv):
 
     from experiments.image_classification import build
     from lm import sharding
-    from lm.train.loop import abstract_state, count_params, state_builder
-    from lm.train.optim import learning_rate_schedule, make_optimizer
-    from lm.train.step import make_train_step
+    from lm.train.loop import abstract_state, count_params, init_state, jit_train_step, state_builder
+    from lm.train.optim import make_optimizer
 
     config = _CONFIG.value
     batch_size = config.train.batch_size
@@ -70,13 +69,8 @@ def main(argv):
     init_boxed = state_builder(experiment, optimizer)
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         _, state_shardings = abstract_state(init_boxed, jax.random.key(config.seed), mesh, rules)
-        state = jax.jit(lambda r: nn.unbox(init_boxed(r)), out_shardings=state_shardings)(jax.random.key(config.seed))
-        step_fn = jax.jit(
-            make_train_step(experiment.loss, optimizer, learning_rate_schedule(config.optimizer),
-                            config.train.grad_accum_steps, config.seed),
-            in_shardings=(state_shardings, sharding.batch_sharding(mesh)), out_shardings=(state_shardings, None),
-            donate_argnums=0,
-        )
+        state = init_state(init_boxed, jax.random.key(config.seed), state_shardings)
+        step_fn = jit_train_step(config, experiment, optimizer, state_shardings, mesh)
         fixed_batch = sharding.global_batch(next(pipeline), mesh)
         holder = {"state": state, "metrics": None}
 

@@ -15,7 +15,6 @@ checkpoint. <workdir>/sweep.json records the config, axes, overrides and each ar
 lm.main writes each arm's resolved config to <arm>/config.json. Compare the arms with lm.compare.
 """
 
-import ast
 import concurrent.futures
 import dataclasses
 import importlib.util
@@ -28,10 +27,10 @@ import sys
 import threading
 
 from absl import app, flags
-from ml_collections import config_flags
 
-from lm.cli import define_workdir, fail, parse_flags, run_user_errors
+from lm.cli import define_workdir, parse_flags, run_user_errors
 from lm.errors import UserError
+from lm.overrides import format_value, parse_axis, parse_value, resolve_config, split_config_overrides
 from lm.runs import RESULTS_FILE
 
 SWEEP_FILE = "sweep.json"
@@ -53,36 +52,6 @@ class Arm:
     status: str = "pending"  # pending | running | finished | skipped (finished earlier) | interrupted | failed (exit N)
 
 
-def parse_value(text: str):
-    """A command-line value as ml_collections reads an override of unknown type: a Python literal
-    (1, 3e-4, True, 'a', (1, 2)), true/false as booleans, anything else a string."""
-    if text in ("true", "false"):
-        text = text.capitalize()
-    try:
-        return ast.literal_eval(text)
-    except (SyntaxError, ValueError):
-        return text
-
-
-def format_value(value) -> str:
-    """A Python value (from a sweep file) as the command-line string lm.main parses back to it."""
-    if isinstance(value, bool):
-        return str(value).lower()
-    return str(value)
-
-
-def parse_axis(text: str) -> tuple[str, list[str]]:
-    """'model.norm=layer,rms' -> ('model.norm', ['layer', 'rms']). Values may not contain commas."""
-    key, sep, values = text.partition("=")
-    key = key.strip()
-    if not sep or not key:
-        raise UserError(f"--sweep={text}: write --sweep=key=value1,value2,...")
-    parsed = [v.strip() for v in values.split(",")]
-    if not values.strip() or not all(parsed):
-        raise UserError(f"--sweep={text}: the axis {key} needs one or more non-empty values")
-    return key, parsed
-
-
 def expand_grid(axes: dict[str, list[str]]) -> list[dict[str, str]]:
     """The cartesian product of the axes, the first axis varying slowest: one {key: value} per arm."""
     keys = list(axes)
@@ -93,32 +62,6 @@ def arm_name(overrides: dict[str, str]) -> str:
     """'model.norm_position=pre,seed=0': a folder name (characters other than letters, digits and
     . _ = , + - become _)."""
     return re.sub(r"[^A-Za-z0-9._=,+-]", "_", ",".join(f"{k}={v}" for k, v in overrides.items()))
-
-
-def resolve_config(spec: str, overrides: dict[str, str]):
-    """The config lm.main would train with `--config=spec --config.k=v ...`, parsed by the same
-    ml_collections flag machinery (unknown keys and bad values are UserErrors); nothing is trained."""
-    argv = ["lm.sweep", f"--config={spec}", *(f"--config.{k}={v}" for k, v in overrides.items())]
-    flag_values = flags.FlagValues()
-    holder = config_flags.DEFINE_config_file("config", flag_values=flag_values, lock_config=True, sys_argv=argv)
-    try:
-        flag_values(argv)
-        config = holder.value
-        config.get("seed")  # a config file that failed to load raises here
-        return config
-    except (flags.Error, OSError, AttributeError, KeyError, TypeError, ValueError) as e:
-        raise UserError(f"bad config or override ({' '.join(argv[1:])}): {_one_line(e)}") from e
-
-
-def _one_line(error: Exception) -> str:
-    """The gist of a config parsing error: its last line when it holds a traceback, unknown keys named."""
-    lines = [line for line in str(error).replace("\\n", "\n").splitlines() if line.strip()]
-    text = lines[-1] if "Traceback" in str(error) else " ".join(lines)
-    text = re.sub(r"^'([^']*)'", r"\1", text.replace("\\'", "'")).strip("'\" ")
-    if isinstance(error, AttributeError | KeyError):
-        key, _, hint = text.replace("'", "").partition(" ")
-        return f"unknown key {key}" + (f" ({hint})" if hint else "")
-    return text
 
 
 def load_sweep_file(path: str) -> tuple[str, dict[str, list[str]], dict[str, str]]:
@@ -233,20 +176,6 @@ def run_sweep(spec: str, axes: dict[str, list[str]], overrides: dict[str, str], 
     with concurrent.futures.ThreadPoolExecutor(max_workers=parallel) as pool:
         list(pool.map(train, todo))
     return arms
-
-
-def split_config_overrides(argv: list[str]) -> tuple[list[str], dict[str, str]]:
-    """Separates the --config.key=value arguments (passed through to every arm) from lm.sweep's flags."""
-    rest, overrides = [], {}
-    for arg in argv:
-        if arg.startswith(("--config.", "-config.")):
-            key, sep, value = arg.lstrip("-").removeprefix("config.").partition("=")
-            if not sep:
-                fail(f"{arg}: write config overrides as --config.key=value")
-            overrides[key] = value
-        else:
-            rest.append(arg)
-    return rest, overrides
 
 
 _OVERRIDES: dict[str, str] = {}

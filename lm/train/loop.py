@@ -120,6 +120,22 @@ def state_builder(experiment: Experiment, optimizer):
     return init_boxed
 
 
+def init_state(init_boxed, rng: jax.Array, state_shardings) -> TrainState:
+    """The step-0 TrainState, created directly in its shardings."""
+    return jax.jit(lambda r: nn.unbox(init_boxed(r)), out_shardings=state_shardings)(rng)
+
+
+def jit_train_step(config: ml_collections.ConfigDict, experiment: Experiment, optimizer, state_shardings, mesh):
+    """The jitted (state, global batch) -> (state, metrics) step the trainer runs, the state donated."""
+    return jax.jit(
+        make_train_step(experiment.loss, optimizer, learning_rate_schedule(config.optimizer),
+                        config.train.grad_accum_steps, config.seed),
+        in_shardings=(state_shardings, sharding.batch_sharding(mesh)),
+        out_shardings=(state_shardings, None),
+        donate_argnums=0,
+    )
+
+
 def restore_params(config: ml_collections.ConfigDict, experiment: Experiment, workdir: pathlib.Path):
     """The params of the latest checkpoint in workdir, on the first device."""
     mesh = sharding.make_mesh({axis: 1 for axis in sharding.MESH_AXES}, jax.devices()[:1])
@@ -163,7 +179,7 @@ def train(
         train_iter = iter(experiment.train_data(tcfg.batch_size // jax.process_count(), config.seed, shard))
         start_step = checkpointer.latest_step()
         if start_step is None:
-            state = jax.jit(lambda rng: nn.unbox(init_boxed(rng)), out_shardings=state_shardings)(init_rng)
+            state = init_state(init_boxed, init_rng, state_shardings)
             start_step = 0
         else:
             state = checkpointer.restore(start_step, state_shapes, train_iter)
@@ -192,13 +208,7 @@ def _train_loop(config, experiment, mesh, state, state_shardings, train_iter, op
                 checkpointer, writer, start_step, workdir) -> dict[str, float]:
     tcfg = config.train
     batch_sharding = sharding.batch_sharding(mesh)
-    schedule = learning_rate_schedule(config.optimizer)
-    train_step = CompiledPerShape(jax.jit(
-        make_train_step(experiment.loss, optimizer, schedule, tcfg.grad_accum_steps, config.seed),
-        in_shardings=(state_shardings, batch_sharding),
-        out_shardings=(state_shardings, None),
-        donate_argnums=0,
-    ))
+    train_step = CompiledPerShape(jit_train_step(config, experiment, optimizer, state_shardings, mesh))
     eval_step = jax.jit(
         make_eval_step(experiment.loss, experiment.eval_weight), in_shardings=(state_shardings.params, batch_sharding)
     )
