@@ -2,7 +2,9 @@
 
 import os
 import pathlib
+import shutil
 import sys
+import tempfile
 
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 os.environ["LM_OFFLINE"] = "1"  # tests never download: missing data must fail with a message
@@ -11,6 +13,22 @@ import pytest  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+
+def pytest_configure(config):
+    """One persistent compilation cache for the whole run, shared by the xdist workers and the CLI
+    subprocesses (they inherit the environment): many tests compile the same programs (the test
+    configs' train steps), and compiling is most of the suite's time. Set up before jax is imported."""
+    if hasattr(config, "workerinput") or "JAX_COMPILATION_CACHE_DIR" in os.environ:
+        return  # an xdist worker (it inherits the controller's), or the caller chose a cache
+    config.jax_cache_dir = tempfile.mkdtemp(prefix="lm-tests-jax-cache-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = config.jax_cache_dir
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+
+
+def pytest_unconfigure(config):
+    if hasattr(config, "jax_cache_dir"):
+        shutil.rmtree(config.jax_cache_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
