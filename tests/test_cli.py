@@ -120,3 +120,34 @@ def test_sigterm_saves_a_checkpoint_and_the_rerun_resumes(tmp_path, data_dir):
     assert result.returncode == 0, result.stderr[-2000:]
     assert f"resumed from step {saved}" in result.stdout
     assert f"step {saved + 2:>6} | loss" in result.stdout
+
+
+def test_dry_run_compiles_for_the_mesh_and_writes_nothing(tmp_path, data_dir):
+    """--dry_run on 8 fake devices: the report's lines, exit 0, and no workdir created."""
+    workdir = tmp_path / "never"
+    result = run("lm.main", CONFIG, f"--workdir={workdir}", "--dry_run", "--config.mesh.data=2",
+                 "--config.mesh.fsdp=4", env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("dry run: mesh {'data': 2, 'fsdp': 4, 'expert': 1, 'tensor': 1} of 8 x cpu")
+               for line in lines), result.stdout
+    for prefix in ("parameters        30,080 (30,080 active)", "memory per device arguments", "FLOPs per step",
+                   "compile"):
+        assert any(line.startswith(prefix) for line in lines), (prefix, result.stdout)
+    assert not workdir.exists()
+
+
+def test_dry_run_memory_shrinks_when_the_state_is_sharded(data_dir, test_config):
+    """The compiled step's per-device arguments: the replicated state (params + two Adam moments) on a
+    data-parallel mesh; an eighth of it when FSDP shards it 8 ways. FLOPs: the 8 devices' programs add
+    up to about the model estimate."""
+    from lm.train.loop import dry_run
+
+    replicated = dry_run(test_config)  # mesh data = all 8 devices
+    test_config.mesh.update(data=1, fsdp=8)
+    sharded = dry_run(test_config)
+    state_bytes = 3 * 4 * replicated["num_params"]  # float32 params, mu and nu
+    assert state_bytes <= replicated["argument_bytes"] < 1.1 * state_bytes
+    assert sharded["argument_bytes"] < replicated["argument_bytes"] / 4
+    for report in (replicated, sharded):
+        assert 0.5 < 8 * report["xla_flops_per_device"] / report["model_flops_per_step"] < 3

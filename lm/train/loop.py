@@ -99,6 +99,13 @@ class CompiledPerShape:
         return self.compiled[shapes](state, batch)
 
 
+def format_bytes(count: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(count) < 1024 or unit == "GiB":
+            return f"{count:,.1f} {unit}" if unit != "B" else f"{count:,.0f} B"
+        count /= 1024
+
+
 def format_duration(seconds: float) -> str:
     return str(datetime.timedelta(seconds=round(seconds)))
 
@@ -152,6 +159,68 @@ def restore_params(config: ml_collections.ConfigDict, experiment: Experiment, wo
     return params
 
 
+def build(config: ml_collections.ConfigDict, devices: list[jax.Device] | None):
+    """(mesh, logical rules, experiment, optimizer, init_boxed) for config on devices (default: all),
+    after checking that the mesh fits the devices and divides the batch."""
+    mesh = sharding.make_mesh(config.mesh.to_dict(), devices)
+    sharding.check_batch(config.train.batch_size, config.train.grad_accum_steps, mesh)
+    rules = sharding.logical_rules(config.sharding_rules)
+    experiment = load_experiment(config)
+    optimizer = make_optimizer(config.optimizer)
+    return mesh, rules, experiment, optimizer, state_builder(experiment, optimizer)
+
+
+def dry_run(config: ml_collections.ConfigDict, devices: list[jax.Device] | None = None) -> dict[str, float]:
+    """Compiles the train step for config's mesh and one global batch, prints what a step costs and
+    returns it, training and writing nothing: parameters (total, active), per-device memory of the
+    compiled step (XLA's memory analysis: arguments, outputs, temporaries, generated code), FLOPs
+    per step (XLA's count for one device's program; the model estimate for the whole batch) and the
+    compile time. A mesh the devices or the batch do not fit, or a shape that does not shard, fails
+    here, before any accelerator time is spent."""
+    tcfg = config.train
+    mesh, rules, experiment, optimizer, init_boxed = build(config, devices)
+    shard = (jax.process_index(), jax.process_count())
+    host_batch = next(iter(experiment.train_data(tcfg.batch_size // shard[1], config.seed, shard)))
+    batch_sharding = sharding.batch_sharding(mesh)
+    batch_shapes = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct((tcfg.batch_size, *x.shape[1:]), x.dtype, sharding=batch_sharding), host_batch
+    )
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        state_shapes, state_shardings = abstract_state(init_boxed, jax.random.key(config.seed), mesh, rules)
+        start = time.perf_counter()
+        step = jit_train_step(config, experiment, optimizer, state_shardings, mesh)
+        compiled = step.lower(state_shapes, batch_shapes).compile()
+        compile_seconds = time.perf_counter() - start
+    memory = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    active_params = experiment.active_params(state_shapes.params)
+    report = {
+        "num_params": count_params(state_shapes.params),
+        "active_params": active_params,
+        "argument_bytes": memory.argument_size_in_bytes,
+        "output_bytes": memory.output_size_in_bytes,
+        "alias_bytes": memory.alias_size_in_bytes,
+        "temp_bytes": memory.temp_size_in_bytes,
+        "code_bytes": memory.generated_code_size_in_bytes,
+        "xla_flops_per_device": float(cost.get("flops", float("nan"))),
+        "model_flops_per_step": tcfg.batch_size * experiment.flops_per_example(active_params),
+        "compile_seconds": compile_seconds,
+    }
+    peak = report["argument_bytes"] + report["output_bytes"] - report["alias_bytes"] + report["temp_bytes"]
+    print(f"dry run: mesh {dict(mesh.shape)} of {mesh.size} x {mesh.devices.flat[0].device_kind} | "
+          f"global batch {tcfg.batch_size} (x {tcfg.grad_accum_steps} accumulation steps)")
+    print(f"parameters        {report['num_params']:,} ({active_params:,} active)")
+    print(f"memory per device arguments {format_bytes(report['argument_bytes'])} | outputs "
+          f"{format_bytes(report['output_bytes'])} ({format_bytes(report['alias_bytes'])} of them donated inputs) | "
+          f"temporaries {format_bytes(report['temp_bytes'])} | code {format_bytes(report['code_bytes'])} | "
+          f"total {format_bytes(peak)}")
+    print(f"FLOPs per step    {report['xla_flops_per_device'] / 1e9:,.3f} GFLOP per device (XLA) | "
+          f"{report['model_flops_per_step'] / 1e9:,.3f} GFLOP for the batch (model: 6N + attention)")
+    print(f"compile           {compile_seconds:.1f} s")
+    return report
+
+
 def train(
     config: ml_collections.ConfigDict, workdir: str, devices: list[jax.Device] | None = None
 ) -> dict[str, float]:
@@ -159,12 +228,7 @@ def train(
     (prefixed 'eval_') and run facts."""
     tcfg = config.train
     workdir_path = prepare_workdir(workdir)
-    mesh = sharding.make_mesh(config.mesh.to_dict(), devices)
-    sharding.check_batch(tcfg.batch_size, tcfg.grad_accum_steps, mesh)
-    rules = sharding.logical_rules(config.sharding_rules)
-    experiment = load_experiment(config)
-    optimizer = make_optimizer(config.optimizer)
-    init_boxed = state_builder(experiment, optimizer)
+    mesh, rules, experiment, optimizer, init_boxed = build(config, devices)
     init_rng = jax.random.key(config.seed)
 
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
