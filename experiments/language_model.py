@@ -24,6 +24,7 @@ def gpt_config(config: ml_collections.ConfigDict, vocab_size: int) -> GPTConfig:
         transformer=transformer_config(config.model),
         tie_embeddings=config.model.tie_embeddings,
         vocab_multiple=config.model.vocab_multiple,
+        scale_embeddings=config.model.scale_embeddings,
     )
 
 

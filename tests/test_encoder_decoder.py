@@ -97,8 +97,8 @@ def test_only_decoder_blocks_cross_attend():
 @pytest.mark.parametrize("scale", [True, False])
 def test_embedding_is_scaled_tokens_plus_sinusoids(scale):
     """embed() = E[tokens] * sqrt(D) (Vaswani et al. 3.4; 1 without scale_embeddings) + the sinusoidal table."""
+    from lm.layers.embedding import embed
     from lm.layers.positions import sinusoidal_table
-    from lm.models.transformer import embed
 
     blocks = dataclasses.replace(BLOCKS, position="sinusoidal")
 

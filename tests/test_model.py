@@ -153,3 +153,16 @@ def test_bfloat16_compute_keeps_float32_params():
     _, params32 = init()
     logits32 = GPT(CONFIG).apply({"params": params32}, random_tokens((1, 12)))
     np.testing.assert_allclose(logits, logits32, atol=0.05)
+
+
+def test_scaled_embeddings_equal_a_table_scaled_by_sqrt_d():
+    """scale_embeddings multiplies the token embeddings (not the untied output layer) by sqrt(D): the
+    same logits as the unscaled model with its token table times sqrt(16) = 4."""
+    untied = dataclasses.replace(with_blocks(position="sinusoidal"), tie_embeddings=False)
+    model, params = init(untied)
+    scaled = GPT(dataclasses.replace(untied, scale_embeddings=True))
+    tokens = random_tokens((2, 12))
+    bigger = {**params, "token_embed": {"embedding": params["token_embed"]["embedding"] * 4.0}}
+    np.testing.assert_allclose(apply(scaled, {"params": params}, tokens),
+                               apply(model, {"params": bigger}, tokens), rtol=1e-5, atol=1e-5)
+    assert not np.allclose(apply(scaled, {"params": params}, tokens), apply(model, {"params": params}, tokens))

@@ -11,8 +11,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from lm.layers import Linear, constrain, param_init
-from lm.layers.positions import PositionEmbedding
+from lm.layers import Linear, constrain
+from lm.layers.embedding import embed
 from lm.layers.transformer import TransformerConfig, TransformerStack
 
 
@@ -23,6 +23,7 @@ class GPTConfig:
     transformer: TransformerConfig
     tie_embeddings: bool = True
     vocab_multiple: int = 64  # embedding rows are padded to a multiple, so 'vocab' can be sharded
+    scale_embeddings: bool = False  # token embeddings times sqrt(D) (Vaswani et al. 3.4), e.g. for sinusoids
 
     @property
     def padded_vocab_size(self) -> int:
@@ -41,14 +42,6 @@ class GPT(nn.Module):
         cfg = self.config
         blocks = cfg.transformer
         embed_dim = blocks.embed_dim
-        token_embed = nn.Embed(
-            cfg.padded_vocab_size,
-            embed_dim,
-            dtype=blocks.dtype,
-            embedding_init=param_init(blocks.inits.embedding, ("vocab", "embed")),
-            name="token_embed",
-        )
-
         cache_index = None
         positions = jnp.arange(tokens.shape[1])
         if decode:
@@ -58,12 +51,8 @@ class GPT(nn.Module):
             if not self.is_initializing():
                 index.value = cache_index + tokens.shape[1]
 
-        position_table = PositionEmbedding(
-            blocks.position, cfg.context_length, embed_dim, blocks.inits.embedding, name="position_embed"
-        )(positions)  # (T, D)
-        x = token_embed(tokens) + position_table[None].astype(blocks.dtype)  # (B, T, D)
-        x = nn.Dropout(blocks.dropout, deterministic=not train)(x)
-        x = constrain(x, ("batch", "length", "embed"))
+        x, token_embed = embed(tokens, positions, cfg.padded_vocab_size, cfg.context_length, blocks,
+                               cfg.scale_embeddings, train)  # (B, T, D)
         x = TransformerStack(blocks, causal=True, name="decoder")(
             x, positions=positions, cache_index=cache_index, train=train, capture_weights=capture_weights
         )
