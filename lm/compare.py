@@ -1,9 +1,11 @@
 """Compare training runs side by side: a table over seeds, a Markdown report and loss-curve plots.
 
-  python -m lm.compare runs/norm [--group_by=model.norm_position] [--out=runs/norm] [--spike=1.0]
+  python -m lm.compare runs/norm [more directories] [--group_by=model.norm_position] [--out=runs/norm]
+      [--spike=1.0]
 
-Reads every run folder under the directory (any folder with config.json and metrics.jsonl written by
-lm.main: sweep arms, or runs copied in from elsewhere). Runs whose configs differ only by `seed` form a
+Reads every run folder under the directories (any folder with config.json and metrics.jsonl written by
+lm.main: sweep arms, or runs copied in from elsewhere). A key missing from a run's config (a run made
+before the key existed) reads as None. Runs whose configs differ only by `seed` form a
 group (or, with --group_by=a,b, runs with the same values of those keys). Per group it prints n (seeds),
 final and best val loss (last and lowest eval_loss) as mean ± sample std over seeds, the same for every
 score in the runs' results.json (e.g. test BLEU, or val loss at a longer context; '-' where none has
@@ -19,6 +21,7 @@ before it.
 import dataclasses
 import json
 import math
+import os
 import pathlib
 
 import numpy as np
@@ -188,19 +191,21 @@ def mean_curve(runs: list[Run], records: str, key: str) -> tuple[np.ndarray, ...
     return np.array(steps), values.mean(0), values.min(0), values.max(0)
 
 
-def write_report(root: pathlib.Path, out: pathlib.Path, groups: dict[str, list[Run]], stats: dict[str, dict],
-                 spike: float) -> None:
+def write_report(roots: list[pathlib.Path], out: pathlib.Path, groups: dict[str, list[Run]],
+                 stats: dict[str, dict], spike: float) -> None:
     from lm.plots import save_loss_curves
 
     out.mkdir(parents=True, exist_ok=True)
-    lines = [f"# Comparison of {sum(len(g) for g in groups.values())} runs in {root}", "", table(stats), "",
+    base = pathlib.Path(os.path.commonpath([root.absolute() for root in roots]))
+    lines = [f"# Comparison of {sum(len(g) for g in groups.values())} runs in {', '.join(map(str, roots))}", "",
+             table(stats), "",
              "Val loss: mean ± sample std (ddof=1) over seeds of the last (final) and lowest (best) eval_loss. "
              "steps/s: mean of the logged steps_per_second, each run's first logged interval left out. "
              f"Diverged: a NaN/inf loss, or a logged train loss more than {spike:g} nat above the lowest "
              "logged before it. Plots: mean over seeds, band from min to max.", "",
              "![train loss](train_loss.png)", "", "![val loss](val_loss.png)", "", "## Runs", ""]
     for label, runs in groups.items():
-        lines.append(f"- {label}: " + ", ".join(f"`{run.path.relative_to(root)}`" for run in runs))
+        lines.append(f"- {label}: " + ", ".join(f"`{run.path.absolute().relative_to(base)}`" for run in runs))
         lines += [f"  - diverged: `{name}`: {why}" for name, why in stats[label]["diverged"].items()]
     (out / "report.md").write_text("\n".join(lines) + "\n")
     for records, key, name in (("train", "loss", "train loss"), ("eval", "eval_loss", "val loss")):
@@ -210,21 +215,22 @@ def write_report(root: pathlib.Path, out: pathlib.Path, groups: dict[str, list[R
                          title=f"{name} (mean over seeds; band: min to max)")
 
 
-def compare(root: str, out: str | None = None, group_by: list[str] | None = None,
+def compare(roots: str | list[str], out: str | None = None, group_by: list[str] | None = None,
             spike: float = SPIKE_NATS) -> dict[str, dict]:
-    """Reads the runs under root, prints the table and writes the report; returns {group: stats}."""
-    root_path = pathlib.Path(root)
-    groups = group_runs(find_runs(root_path), group_by)
+    """Reads the runs under the root directories, prints the table and writes the report (into out,
+    default the first root); returns {group: stats}."""
+    root_paths = [pathlib.Path(root) for root in ([roots] if isinstance(roots, str) else roots)]
+    groups = group_runs([run for root in root_paths for run in find_runs(root)], group_by)
     stats = {label: group_stats(runs, spike) for label, runs in groups.items()}
     print(table(stats))
-    write_report(root_path, pathlib.Path(out) if out else root_path, groups, stats, spike)
+    write_report(root_paths, pathlib.Path(out) if out else root_paths[0], groups, stats, spike)
     return stats
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) != 2:
-        raise app.UsageError("pass one directory of runs: python -m lm.compare runs/norm")
-    run_user_errors(lambda: compare(argv[1], _OUT.value, _GROUP_BY.value, _SPIKE.value))
+    if len(argv) < 2:
+        raise app.UsageError("pass one or more directories of runs: python -m lm.compare runs/norm")
+    run_user_errors(lambda: compare(argv[1:], _OUT.value, _GROUP_BY.value, _SPIKE.value))
 
 
 if __name__ == "__main__":

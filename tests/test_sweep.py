@@ -127,11 +127,11 @@ def test_sweep_file(tmp_path):
         sweep.load_sweep_file(str(file))
 
 
-@pytest.mark.parametrize("name", ["norm_position", "norm_kind", "mlp_kind", "positions"])
+@pytest.mark.parametrize("name", ["norm_position", "norm_kind", "mlp_kind", "positions", "sinusoidal_scaled"])
 def test_the_ablation_sweep_files_are_valid(tmp_path, name):
     spec, axes, overrides = sweep.load_sweep_file(str(REPO / "experiments" / "sweeps" / f"{name}.py"))
     arms = sweep.plan_sweep(spec, axes, overrides, tmp_path)
-    assert axes["seed"] == ["0", "1", "2"] and len(arms) == math.prod(len(v) for v in axes.values()) >= 6
+    assert axes["seed"] == ["0", "1", "2"] and len(arms) == math.prod(len(v) for v in axes.values()) >= 3
 
 
 # --- lm.compare -------------------------------------------------------------------------------------------
@@ -214,6 +214,18 @@ def test_results_json_scores_get_a_column_each(tmp_path):
                         "| diverged |")
     assert lines[2] == "| model.norm=learned | 1 | 2.5000 | 2.5000 | - | - | 800 / 1,000 | 0/1 |"
     assert lines[3].startswith("| model.norm=rope | 2 | 2.0000 ± 0.0000 | 2.0000 ± 0.0000 | 1.5000 ± 0.7071 |")
+
+
+def test_runs_from_several_directories_are_compared_together(synthetic_runs, tmp_path):
+    """A second directory adds a group; a key its runs' configs lack reads as None."""
+    extra = tmp_path / "extra"
+    config = {**base_config("layer", 0), "model": {"norm": "layer", "num_layers": 2, "scale": True}}
+    write_run(extra / "scaled_0", config, [3.0], [1.0])
+    stats = compare.compare([str(synthetic_runs), str(extra)], out=str(tmp_path / "report"))
+    assert list(stats) == ["model.norm=layer,model.scale=None", "model.norm=layer,model.scale=True",
+                           "model.norm=rms,model.scale=None"]
+    assert stats["model.norm=layer,model.scale=True"]["final_val_loss"] == (1.0, None)
+    assert "`extra/scaled_0`" in (tmp_path / "report" / "report.md").read_text()
 
 
 def test_report_and_plots_are_written(synthetic_runs, tmp_path):
