@@ -4,9 +4,10 @@
       [--rounds=15] [--steps=20] [--config.key=value ...]
 
 Builds each arm's experiment, sharded state and jitted train step as the trainer does (one process,
-the same devices), then times --steps steps of each arm in turn, round-robin, --rounds times, each arm
-on a fixed batch from its own pipeline. Prints per arm the median over rounds of the mean step time,
-the spread (min-max over rounds), the arm's speed relative to the first arm, and the parameters.
+the same devices), then times --steps steps of each arm in turn, round-robin, --rounds times (after
+one untimed round), each arm on a fixed batch from its own pipeline. Prints per arm the median over
+rounds of the mean step time, the spread (min-max over rounds), the arm's speed relative to the
+first arm, and the parameters.
 Interleaving spreads the slow stretches of a shared machine over every arm alike; runs one after
 another, as in a sweep, can differ by more than the effect measured. Compile time is excluded.
 """
@@ -36,33 +37,21 @@ def parse_benchmark_flags(argv: list[str]) -> list[str]:
 class Arm:
     """One variant's train step on a fixed batch, ready to time (state donated step to step)."""
 
-    def __init__(self, config, mesh):
+    def __init__(self, config):
         import flax.linen as nn
         import jax
 
         from lm import sharding
-        from lm.train.loop import (
-            abstract_state,
-            count_params,
-            init_state,
-            jit_train_step,
-            load_experiment,
-            state_builder,
-        )
-        from lm.train.optim import make_optimizer
+        from lm.train.loop import abstract_state, build, count_params, init_state, jit_train_step
 
-        self.rules = sharding.logical_rules(config.sharding_rules)
-        self.mesh = mesh
-        experiment = load_experiment(config)
-        optimizer = make_optimizer(config.optimizer)
-        init_boxed = state_builder(experiment, optimizer)
+        self.mesh, self.rules, experiment, optimizer, init_boxed = build(config, devices=None)
         rng = jax.random.key(config.seed)
-        with jax.set_mesh(mesh), nn.logical_axis_rules(self.rules):
-            _, shardings = abstract_state(init_boxed, rng, mesh, self.rules)
+        with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+            _, shardings = abstract_state(init_boxed, rng, self.mesh, self.rules)
             self.state = init_state(init_boxed, rng, shardings)
-            self.step_fn = jit_train_step(config, experiment, optimizer, shardings, mesh)
+            self.step_fn = jit_train_step(config, experiment, optimizer, shardings, self.mesh)
             data = iter(experiment.train_data(config.train.batch_size, config.seed, (0, 1)))
-            self.batch = sharding.global_batch(next(data), mesh)
+            self.batch = sharding.global_batch(next(data), self.mesh)
             self.num_params = count_params(self.state.params)
             self.run(1)  # compile and warm up
 
@@ -85,22 +74,18 @@ def main(argv):
     keep_freed_memory()
     import jax
 
-    from lm import sharding
-
     key, values = parse_axis(_ARMS.value)
-    configs = {value: resolve_config(_CONFIG.value, {**_OVERRIDES, key: value}) for value in values}
-    first = next(iter(configs.values()))
-    mesh = sharding.make_mesh(first.mesh.to_dict())
-    sharding.check_batch(first.train.batch_size, first.train.grad_accum_steps, mesh)
-    arms = {value: Arm(config, mesh) for value, config in configs.items()}
+    arms = {value: Arm(resolve_config(_CONFIG.value, {**_OVERRIDES, key: value})) for value in values}
     times = {value: [] for value in arms}
-    for _ in range(_ROUNDS.value):
+    for round_index in range(1 + _ROUNDS.value):  # round 0 warms every arm up and is not counted
         for value, arm in arms.items():
-            times[value].append(arm.run(_STEPS.value))
+            seconds = arm.run(_STEPS.value)
+            if round_index:
+                times[value].append(seconds)
 
     print(f"\n=== benchmark: step time of {key} = {', '.join(values)} ({_CONFIG.value}) ===")
-    print(f"device {jax.devices()[0].device_kind} x {mesh.size} | {_ROUNDS.value} rounds x {_STEPS.value} steps "
-          f"per arm, interleaved")
+    print(f"device {jax.devices()[0].device_kind} x {arms[values[0]].mesh.size} | {_ROUNDS.value} rounds x "
+          f"{_STEPS.value} steps per arm, interleaved")
     reference = statistics.median(times[values[0]])
     print(f"{'arm':<20} {'median ms/step':>15} {'min-max ms':>15} {'speed vs first':>15} {'parameters':>12}")
     for value, arm in arms.items():

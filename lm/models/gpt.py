@@ -1,6 +1,6 @@
 """GPT: a decoder-only Transformer language model.
 
-tokens (B, T) -> token embedding [+ position table] -> TransformerStack (causal) -> logits (B, T, V).
+tokens (B, T) -> token embedding [x sqrt(D)] [+ position table] -> TransformerStack (causal) -> logits (B, T, V).
 Every block option (norm, MLP, positions, MoE, init, ...) comes from the TransformerConfig; see
 lm/layers/transformer.py.
 """
