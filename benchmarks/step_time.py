@@ -18,6 +18,7 @@ import time
 import numpy as np
 from absl import app, flags, logging
 
+from lm.cli import run_user_errors
 from lm.cpu import keep_freed_memory
 from lm.overrides import parse_axis, resolve_config, split_config_overrides
 
@@ -72,9 +73,13 @@ def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
     keep_freed_memory()
+    run_user_errors(benchmark)  # bad --arms or overrides: one line, exit code 2
+
+
+def benchmark() -> None:
     import jax
 
-    key, values = parse_axis(_ARMS.value)
+    key, values = parse_axis(_ARMS.value, flag="--arms")
     arms = {value: Arm(resolve_config(_CONFIG.value, {**_OVERRIDES, key: value})) for value in values}
     times = {value: [] for value in arms}
     for round_index in range(1 + _ROUNDS.value):  # round 0 warms every arm up and is not counted

@@ -29,15 +29,16 @@ def format_value(value) -> str:
     return str(value)
 
 
-def parse_axis(text: str) -> tuple[str, list[str]]:
-    """'model.norm=layer,rms' -> ('model.norm', ['layer', 'rms']). Values may not contain commas."""
+def parse_axis(text: str, flag: str = "--sweep") -> tuple[str, list[str]]:
+    """'model.norm=layer,rms' -> ('model.norm', ['layer', 'rms']). Values may not contain commas. flag:
+    the command-line flag the text came from, for the error messages."""
     key, sep, values = text.partition("=")
     key = key.strip()
     if not sep or not key:
-        raise UserError(f"--sweep={text}: write --sweep=key=value1,value2,...")
+        raise UserError(f"{flag}={text}: write {flag}=key=value1,value2,...")
     parsed = [v.strip() for v in values.split(",")]
     if not values.strip() or not all(parsed):
-        raise UserError(f"--sweep={text}: the axis {key} needs one or more non-empty values")
+        raise UserError(f"{flag}={text}: the axis {key} needs one or more non-empty values")
     return key, parsed
 
 
