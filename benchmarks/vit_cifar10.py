@@ -48,14 +48,12 @@ def main(argv):
     import flax.linen as nn
     import jax
 
-    from experiments.image_classification import build
     from lm import sharding
-    from lm.train.loop import abstract_state, count_params, init_state, jit_train_step, state_builder
-    from lm.train.optim import make_optimizer
+    from lm.train.loop import abstract_state, build, count_params, init_state, jit_train_step
 
     config = _CONFIG.value
     batch_size = config.train.batch_size
-    experiment = build(config)
+    mesh, rules, experiment, optimizer, init_boxed = build(config, devices=None)
 
     # 1. The pipeline alone.
     pipeline = iter(experiment.train_data(batch_size // jax.process_count(), config.seed,
@@ -63,10 +61,6 @@ def main(argv):
     pipeline_rate = images_per_second(lambda: next(pipeline), _BATCHES.value, batch_size)
 
     # 2. The train step alone, as the trainer builds it.
-    mesh = sharding.make_mesh(config.mesh.to_dict())
-    rules = sharding.logical_rules(config.sharding_rules)
-    optimizer = make_optimizer(config.optimizer)
-    init_boxed = state_builder(experiment, optimizer)
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         _, state_shardings = abstract_state(init_boxed, jax.random.key(config.seed), mesh, rules)
         state = init_state(init_boxed, jax.random.key(config.seed), state_shardings)
