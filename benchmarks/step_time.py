@@ -51,8 +51,8 @@ class Arm:
             _, shardings = abstract_state(init_boxed, rng, self.mesh, self.rules)
             self.state = init_state(init_boxed, rng, shardings)
             self.step_fn = jit_train_step(config, experiment, optimizer, shardings, self.mesh)
-            data = iter(experiment.train_data(config.train.batch_size, config.seed, (0, 1)))
-            self.batch = sharding.global_batch(next(data), self.mesh)
+            data = iter(experiment.train_data(config.train.batch_size, config.seed, (0, 1), 0))
+            self.batch = sharding.assemble_batch(next(data), self.mesh, config.train.batch_size)
             self.num_params = count_params(self.state.params)
             self.run(1)  # compile and warm up
 

@@ -56,8 +56,8 @@ def main(argv):
     mesh, rules, experiment, optimizer, init_boxed = build(config, devices=None)
 
     # 1. The pipeline alone.
-    pipeline = iter(experiment.train_data(batch_size // jax.process_count(), config.seed,
-                                          (jax.process_index(), jax.process_count())))
+    shard = sharding.process_batch_shard(mesh)
+    pipeline = iter(experiment.train_data(batch_size // shard[1], config.seed, shard, 0))
     pipeline_rate = images_per_second(lambda: next(pipeline), _BATCHES.value, batch_size)
 
     # 2. The train step alone, as the trainer builds it.
@@ -65,7 +65,7 @@ def main(argv):
         _, state_shardings = abstract_state(init_boxed, jax.random.key(config.seed), mesh, rules)
         state = init_state(init_boxed, jax.random.key(config.seed), state_shardings)
         step_fn = jit_train_step(config, experiment, optimizer, state_shardings, mesh)
-        fixed_batch = sharding.global_batch(next(pipeline), mesh)
+        fixed_batch = sharding.assemble_batch(next(pipeline), mesh, batch_size)
         holder = {"state": state, "metrics": None}
 
         def step(batch):
@@ -81,8 +81,9 @@ def main(argv):
         step_rate = images_per_second(lambda: step(fixed_batch), _STEPS.value, batch_size, sync)
 
         # 3. Both: train steps on the pipeline's batches.
-        together_rate = images_per_second(lambda: step(sharding.global_batch(next(pipeline), mesh)), _STEPS.value,
-                                          batch_size, sync)
+        together_rate = images_per_second(
+            lambda: step(sharding.assemble_batch(next(pipeline), mesh, batch_size)), _STEPS.value, batch_size, sync
+        )
     loss = float(np.asarray(holder["metrics"]["loss"]))
 
     d = config.data

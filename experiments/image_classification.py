@@ -22,6 +22,7 @@ import optax
 
 from lm import sharding
 from lm.data import images
+from lm.distributed import is_primary
 from lm.errors import UserError
 from lm.layers.moe import moe_objective, parameter_counts
 from lm.models.config import transformer_config
@@ -104,13 +105,12 @@ class ImageClassification:
             randaugment_magnitude=d.randaugment_magnitude, mixup_alpha=d.mixup_alpha, cutmix_alpha=d.cutmix_alpha,
         )
 
-    def train_data(self, batch_size: int, seed: int, shard: tuple[int, int]):
+    def train_data(self, batch_size: int, seed: int, shard: tuple[int, int], start_step: int):
         return images.train_batches(*self.splits["train"], batch_size, seed, shard, self.augmentation(),
-                                    self.config.data.num_workers)
+                                    self.config.data.num_workers, start_step)
 
     def eval_data(self, split: str = "val"):
-        shard = (jax.process_index(), jax.process_count())
-        return images.eval_batches(*self.splits[split], self.config.eval.batch_size // shard[1], shard)
+        return images.eval_batches(*self.splits[split], self.config.eval.batch_size)
 
     def eval_weight(self, batch) -> jax.Array:
         return jnp.sum(batch["valid"].astype(jnp.float32))  # the real images
@@ -158,7 +158,7 @@ class ImageClassification:
 
     def final_results(self, params, evaluate, workdir: pathlib.Path) -> dict[str, float]:
         """Test top-1 accuracy and cross-entropy (through the trainer's eval step), per-class
-        accuracy and workdir/confusion_matrix.png (from this process's share of the test split), and
+        accuracy and workdir/confusion_matrix.png, and
         workdir/attention_rollout.png for the first test image of each class."""
         test = self.eval_data("test")
         metrics = evaluate(test)
@@ -168,14 +168,16 @@ class ImageClassification:
         per_class = np.diag(matrix) / np.maximum(matrix.sum(axis=1), 1)
         for name, accuracy in zip(images.CLASS_NAMES, per_class, strict=True):
             results[f"test_accuracy_{name}"] = float(accuracy)
-        save_confusion_matrix(workdir / CONFUSION_MATRIX_FILE, matrix, images.CLASS_NAMES)
         test_images, test_labels = self.splits["test"]
         rows = [np.flatnonzero(test_labels == k)[0] for k in range(images.NUM_CLASSES) if (test_labels == k).any()]
         pixels = test_images[rows]  # the first test image of each class, (n, H, W, C) uint8
         predicted = np.asarray(self._predict(params, images.normalize(pixels)))
         titles = [f"{images.CLASS_NAMES[test_labels[r]]}\n-> {images.CLASS_NAMES[p]}"
                   for r, p in zip(rows, predicted, strict=True)]
-        save_image_attention(workdir / ATTENTION_FILE, pixels, self.patch_attention(params, pixels), titles)
+        attention = self.patch_attention(params, pixels)
+        if is_primary():
+            save_confusion_matrix(workdir / CONFUSION_MATRIX_FILE, matrix, images.CLASS_NAMES)
+            save_image_attention(workdir / ATTENTION_FILE, pixels, attention, titles)
         return results
 
 

@@ -61,9 +61,9 @@ class LanguageModel:
         )
         return cross_entropy + aux_loss, {"cross_entropy": cross_entropy, **moe_metrics}
 
-    def train_data(self, batch_size: int, seed: int, shard: tuple[int, int]):
+    def train_data(self, batch_size: int, seed: int, shard: tuple[int, int], start_step: int):
         return text.train_windows(
-            self.train_tokens, self.config.data.context_length, batch_size, seed, shard
+            self.train_tokens, self.config.data.context_length, batch_size, seed, shard, start_step
         )
 
     def eval_data(self):

@@ -23,6 +23,7 @@ import optax
 from lm import sharding
 from lm.data import translation
 from lm.data.bleu import corpus_bleu, tokenized_bleu
+from lm.distributed import is_primary
 from lm.errors import UserError
 from lm.layers.moe import moe_objective, parameter_counts
 from lm.models.config import compute_dtype, transformer_config
@@ -87,15 +88,14 @@ class Translation:
         moe = self.config.model.get("moe")
         return (moe.load_balance_weight, moe.router_z_weight) if moe else (0.0, 0.0)
 
-    def train_data(self, batch_size: int, seed: int, shard: tuple[int, int]):
+    def train_data(self, batch_size: int, seed: int, shard: tuple[int, int], start_step: int):
         sources, targets = self.splits["train"]
-        return translation.train_batches(sources, targets, batch_size, seed, shard, self.config.data.buckets)
+        return translation.train_batches(sources, targets, batch_size, seed, shard, self.config.data.buckets,
+                                         start_step)
 
     def eval_data(self, split: str = "val"):
         sources, targets = self.splits[split]
-        shard = (jax.process_index(), jax.process_count())
-        return translation.eval_batches(sources, targets, self.config.eval.batch_size // shard[1], shard,
-                                        self.config.data.buckets)
+        return translation.eval_batches(sources, targets, self.config.eval.batch_size, self.config.data.buckets)
 
     def eval_weight(self, batch) -> jax.Array:
         return jnp.sum(batch["target_mask"].astype(jnp.float32))  # the real target tokens
@@ -212,12 +212,14 @@ class Translation:
         results["test_perplexity"] = float(np.exp(metrics["cross_entropy"]))
         sources, references = translation.load_pairs(split, self.config.data.source_lang,
                                                      self.config.data.target_lang)
-        (workdir / "translations").mkdir(exist_ok=True)
+        if is_primary():
+            (workdir / "translations").mkdir(exist_ok=True)
         for beam_size in e.beam_sizes:
             start = time.perf_counter()
             hypotheses = self.translate(params, sources, beam_size, e.length_penalty)
             results[f"test_decode_seconds_beam{beam_size}"] = time.perf_counter() - start
-            (workdir / "translations" / f"{split}.beam{beam_size}.txt").write_text("\n".join(hypotheses) + "\n")
+            if is_primary():
+                (workdir / "translations" / f"{split}.beam{beam_size}.txt").write_text("\n".join(hypotheses) + "\n")
             results[f"test_bleu_beam{beam_size}"] = corpus_bleu(hypotheses, references)
             results[f"test_bleu_lowercase_tokenized_beam{beam_size}"] = tokenized_bleu(hypotheses, references)
         return results

@@ -6,7 +6,15 @@
 Rerunning the same command resumes from the latest checkpoint in --workdir. With --dry_run it builds
 the mesh, compiles the train step and prints parameters, per-device memory and FLOPs per step, then
 exits without training or writing anything.
+
+Multi-process (TPU pod slices, GPU clusters): every process runs the same command. On a pod slice,
+under SLURM or Open MPI, jax.distributed finds the other processes itself; elsewhere give
+--coordinator_address=host0:port --num_processes=N --process_id=i (launch/ has the scripts). Only
+process 0 prints progress and writes logs; all of them write the checkpoints together.
 """
+
+import os
+import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -21,6 +29,12 @@ _WORKDIR = define_workdir("Run folder: config, checkpoints, logs, samples.")
 flags.mark_flag_as_required("config")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Compile the train step for the mesh, print its memory and "
                              "FLOPs, and exit.")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0, for a multi-process "
+                                   "run started by hand (default: $JAX_COORDINATOR_ADDRESS, or the launcher's)")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "How many processes take part (default: "
+                                      "$JAX_NUM_PROCESSES, or the launcher's)")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index, 0 to num_processes - 1 "
+                                   "(default: $JAX_PROCESS_ID, or the launcher's)")
 
 
 def main(argv: list[str]) -> None:
@@ -28,12 +42,26 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO
     keep_freed_memory()
+    run_user_errors(start_processes)
     from lm.train.loop import dry_run, train  # after flag parsing, so --help and flag errors are quick
 
     if _DRY_RUN.value:
         run_user_errors(lambda: dry_run(_CONFIG.value))
     else:
         run_user_errors(lambda: train(_CONFIG.value, _WORKDIR.value))
+
+
+def start_processes() -> None:
+    """jax.distributed when this is one of several processes. The others' stdout (progress lines) is
+    dropped, so the log shows each line once; their stderr (warnings, errors) stays."""
+    from lm import distributed
+
+    role = distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+    if role is None:
+        return
+    print(f"multi-process run: {role}", file=sys.stderr)
+    if not distributed.is_primary():
+        sys.stdout = open(os.devnull, "w")  # for the life of the process
 
 
 if __name__ == "__main__":

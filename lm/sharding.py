@@ -116,9 +116,34 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(BATCH_MESH_AXES))
 
 
-def global_batch(local_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
-    """Assembles each process's slice of the batch into global arrays split over data x fsdp x expert."""
+def process_batch_shard(mesh: Mesh) -> tuple[int, int]:
+    """(index, count): this process's devices hold rows [index * G / count, (index + 1) * G / count)
+    of every global batch of G rows, so that is all it loads. (0, 1) on one process; (i, n) for n
+    processes each holding their own rows; processes that share rows (a 'tensor' axis across hosts)
+    share an index."""
+    shards = batch_shards(mesh)
+    rows = batch_sharding(mesh).addressable_devices_indices_map((shards,)).values()  # one per device
+    held = sorted({index[0].start or 0 for index in rows})
+    first, width = held[0], len(held)
+    if held != list(range(first, first + width)) or first % width:
+        raise UserError(
+            f"this process's devices hold batch shards {held} of {shards}, not one aligned block: order "
+            "the mesh axes so each host's devices are neighbours along data x fsdp x expert"
+        )
+    return first // width, shards // width
+
+
+def assemble_batch(local_batch: dict[str, np.ndarray], mesh: Mesh, batch_size: int) -> dict[str, jax.Array]:
+    """Global arrays of batch_size rows, split over data x fsdp x expert, from each process's rows
+    (its process_batch_shard)."""
     sharding = batch_sharding(mesh)
     return jax.tree.map(
-        lambda x: jax.make_array_from_process_local_data(sharding, x), local_batch
+        lambda x: jax.make_array_from_process_local_data(sharding, x, (batch_size, *x.shape[1:])), local_batch
     )
+
+
+def place_batch(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+    """Global arrays split over data x fsdp x expert from a whole batch that every process holds
+    (eval batches): each process puts its devices' rows."""
+    sharding = batch_sharding(mesh)
+    return jax.tree.map(lambda x: jax.make_array_from_callback(x.shape, sharding, lambda index: x[index]), batch)

@@ -332,29 +332,27 @@ class TrainBatches:
 
 
 def train_batches(images: np.ndarray, labels: np.ndarray, batch_size: int, seed: int, shard: tuple[int, int] = (0, 1),
-                  augmentation: Augmentation = Augmentation(), num_workers: int = 0) -> grain.IterDataset:
-    """Endless, deterministic, checkpointable (get_state/set_state) augmented training batches of
-    batch_size rows per process. num_workers 0: built in this process by one background thread
+                  augmentation: Augmentation = Augmentation(), num_workers: int = 0,
+                  start_step: int = 0) -> grain.IterDataset:
+    """Endless, deterministic augmented training batches of batch_size rows per process, from
+    batch number start_step on. num_workers 0: built in this process by one background thread
     (overlapping the train step); > 0: by that many worker processes (Grain mp_prefetch), each
     building every num_workers-th batch; the sequence is the same either way."""
     batches = TrainBatches(images, labels, batch_size, seed, shard, augmentation)
-    ds = grain.MapDataset.range(len(batches)).repeat().map_with_index(batches.at_step)
+    ds = grain.MapDataset.range(len(batches)).repeat().map_with_index(batches.at_step)[start_step:]
     if num_workers > 0:
         return ds.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)).mp_prefetch(
             grain.MultiprocessingOptions(num_workers=num_workers, per_worker_buffer_size=2))
     return ds.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=2))
 
 
-def eval_batches(images: np.ndarray, labels: np.ndarray, batch_size: int,
-                 shard: tuple[int, int] = (0, 1)) -> list[Batch]:
-    """A split in order, unaugmented, as ceil(N / G) fixed batches (G = batch_size * count) of this
-    process's batch_size rows: global batch i holds examples [i * G, (i + 1) * G); the last is
-    filled with dummy rows (zero image, label 0, zero targets, index -1, valid 0)."""
-    index, count = shard
-    g = batch_size * count
+def eval_batches(images: np.ndarray, labels: np.ndarray, batch_size: int) -> list[Batch]:
+    """A split in order, unaugmented, as ceil(N / batch_size) fixed global batches: batch i holds
+    examples [i * batch_size, (i + 1) * batch_size); the last is filled with dummy rows (zero image,
+    label 0, zero targets, index -1, valid 0)."""
     out = []
-    for start in range(0, len(labels), g):
-        rows = np.arange(start + index * batch_size, start + (index + 1) * batch_size)  # (B,)
+    for start in range(0, len(labels), batch_size):
+        rows = np.arange(start, start + batch_size)  # (B,)
         valid = rows < len(labels)
         safe = np.where(valid, rows, 0)
         x = np.where(valid[:, None, None, None], normalize(images[safe]), 0.0).astype(np.float32)

@@ -80,16 +80,30 @@ def to_example(windows: np.ndarray) -> dict[str, np.ndarray]:
     return {"inputs": windows[:, :-1], "targets": windows[:, 1:]}
 
 
+class WindowRows:
+    """Window indices of a global batch (G,) -> this process's rows [start, stop) as an example."""
+
+    def __init__(self, windows: TokenWindows, start: int, stop: int):
+        self.windows, self.start, self.stop = windows, start, stop
+
+    def __call__(self, indices: np.ndarray) -> dict[str, np.ndarray]:
+        return to_example(np.stack([self.windows[int(i)] for i in indices[self.start : self.stop]]))
+
+
 def train_windows(
-    tokens: np.ndarray, length: int, batch_size: int, seed: int, shard: tuple[int, int] = (0, 1)
+    tokens: np.ndarray, length: int, batch_size: int, seed: int, shard: tuple[int, int] = (0, 1),
+    start_step: int = 0,
 ) -> grain.IterDataset:
     """Endless batches of windows at random offsets: every offset once per epoch, reshuffled each
-    epoch. Iterators over it are checkpointable (get_state/set_state). shard = (index, count)
-    gives this process its own slice of every epoch; batch_size is per process."""
+    epoch. The k-th batch is this process's rows [index * B, (index + 1) * B) of global batch
+    start_step + k (G = B * count windows, shard = (index, count), B = batch_size), so the global
+    batches are the same whatever the number of processes, and a run resumes at any step."""
     index, count = shard
-    ds = grain.MapDataset.source(TokenWindows(tokens, length)).shuffle(seed=seed)
-    ds = ds[index::count].repeat()
-    return ds.batch(batch_size, drop_remainder=True, batch_fn=np.stack).map(to_example).to_iter_dataset()
+    windows = TokenWindows(tokens, length)
+    order = grain.MapDataset.range(len(windows)).shuffle(seed=seed).repeat()
+    global_batches = order.batch(batch_size * count, drop_remainder=True)  # window indices, (G,) each
+    rows = WindowRows(windows, index * batch_size, (index + 1) * batch_size)
+    return global_batches[start_step:].map(rows).to_iter_dataset()
 
 
 def eval_windows(

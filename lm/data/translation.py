@@ -467,12 +467,13 @@ def train_batches(
     seed: int,
     shard: tuple[int, int] = (0, 1),
     buckets: Sequence[int] = DEFAULT_BUCKETS,
+    start_step: int = 0,
 ) -> grain.IterDataset:
-    """Endless, deterministic, checkpointable (get_state/set_state) training batches of batch_size
-    rows per process (shapes (batch_size, L), L in buckets); see BucketedBatches for the order.
-    Pairs that need more than buckets[-1] tokens are dropped (the count is printed)."""
+    """Endless, deterministic training batches of batch_size rows per process (shapes
+    (batch_size, L), L in buckets), from batch number start_step on; see BucketedBatches for the
+    order. Pairs that need more than buckets[-1] tokens are dropped (the count is printed)."""
     batches = BucketedBatches(source_ids, target_ids, batch_size, seed, shard, buckets)
-    ds = grain.MapDataset.range(len(batches)).repeat().map_with_index(lambda step, _: batches[step])
+    ds = grain.MapDataset.range(len(batches)).repeat().map_with_index(lambda step, _: batches[step])[start_step:]
     # Batches are built from memory in about a millisecond: no reader threads (Grain's advice for in-memory data).
     return ds.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
 
@@ -481,24 +482,20 @@ def eval_batches(
     source_ids: Sequence[np.ndarray],
     target_ids: Sequence[np.ndarray],
     batch_size: int,
-    shard: tuple[int, int] = (0, 1),
     buckets: Sequence[int] = DEFAULT_BUCKETS,
 ) -> list[Batch]:
-    """A split in its original order, as ceil(N / G) fixed batches (G = batch_size * count) of this
-    process's batch_size rows: global batch i holds examples [i * G, (i + 1) * G), padded to the
-    smallest bucket that fits its longest pair; the last is filled with dummy rows (index -1,
-    valid 0). Pairs longer than buckets[-1] are truncated (the count is printed), so every sentence
-    gets a translation. Concatenating the valid rows of all processes restores the split's order."""
-    index, count = shard
-    g = batch_size * count
+    """A split in its original order, as ceil(N / batch_size) fixed global batches: batch i holds
+    examples [i * batch_size, (i + 1) * batch_size), padded to the smallest bucket that fits its
+    longest pair; the last is filled with dummy rows (index -1, valid 0). Pairs longer than
+    buckets[-1] are truncated (the count is printed), so every sentence gets a translation."""
     lengths = needed_lengths(source_ids, target_ids)
     too_long = int((lengths > buckets[-1]).sum())
     if too_long:
         print(f"translation data: truncated {too_long} of {len(lengths)} eval pairs to {buckets[-1]} tokens")
     out = []
-    for start in range(0, len(lengths), g):
-        rows = np.arange(start, start + g)
+    for start in range(0, len(lengths), batch_size):
+        rows = np.arange(start, start + batch_size)
         rows[rows >= len(lengths)] = -1
-        length = buckets[min(int(bucket_of(lengths[start : start + g].max(), buckets)), len(buckets) - 1)]
-        out.append(make_batch(source_ids, target_ids, rows[index * batch_size : (index + 1) * batch_size], length))
+        length = buckets[min(int(bucket_of(lengths[start : start + batch_size].max(), buckets)), len(buckets) - 1)]
+        out.append(make_batch(source_ids, target_ids, rows, length))
     return out

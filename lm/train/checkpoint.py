@@ -1,8 +1,13 @@
-"""Orbax checkpoints of the train state together with the data iterator's position."""
+"""Orbax checkpoints of the train state.
+
+The data position needs no saving: every pipeline's global batch number s depends only on the seed
+and s (see Experiment.train_data), so a run restored at step s reads on from batch s. That also
+makes a checkpoint independent of the topology: the arrays are saved whole (each process writes its
+shards) and restored into whatever shardings the new mesh gives them.
+"""
 
 import pathlib
 
-import grain
 import jax
 import orbax.checkpoint as ocp
 
@@ -16,7 +21,8 @@ def path_name(path) -> str:
 
 
 class Checkpointer:
-    """Saves (asynchronously) and restores {state, data iterator} in workdir/checkpoints."""
+    """Saves (asynchronously) and restores the train state in workdir/checkpoints. With several
+    processes, every process calls every method: Orbax writes and reads collectively."""
 
     def __init__(self, directory: pathlib.Path, keep: int):
         self.manager = ocp.CheckpointManager(
@@ -24,10 +30,7 @@ class Checkpointer:
             options=ocp.CheckpointManagerOptions(
                 max_to_keep=keep, enable_async_checkpointing=True
             ),
-            item_handlers={
-                "state": ocp.StandardCheckpointHandler(),
-                "data": grain.checkpoint.CheckpointHandler(),
-            },
+            item_handlers={"state": ocp.StandardCheckpointHandler()},
         )
 
     def latest_step(self) -> int | None:
@@ -56,24 +59,14 @@ class Checkpointer:
                 f"{len(jax.tree.leaves(abstract_state))}; use a new --workdir"
             )
 
-    def save(self, step: int, state, data_iterator) -> bool:
-        """Saves now: the trainer decides when (so the data position always matches the step)."""
-        return self.manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state),
-                data=grain.checkpoint.CheckpointSave(data_iterator),
-            ),
-            force=True,
-        )
+    def save(self, step: int, state) -> bool:
+        """Saves now: the trainer decides when."""
+        return self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)), force=True)
 
-    def restore(self, step: int, abstract_state, data_iterator=None):
-        """Returns the state (sharded as abstract_state says); data_iterator, if given, is set to
-        its saved position in place."""
-        items = {"state": ocp.args.StandardRestore(abstract_state)}
-        if data_iterator is not None:
-            items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
-        return self.manager.restore(step, args=ocp.args.Composite(**items))["state"]
+    def restore(self, step: int, abstract_state):
+        """Returns the state at step, sharded as abstract_state (shapes with shardings) says."""
+        items = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state))
+        return self.manager.restore(step, args=items)["state"]
 
     def close(self) -> None:
         self.manager.wait_until_finished()

@@ -29,11 +29,14 @@ class Experiment(Protocol):
     def loss(self, params, batch: Batch, rng: jax.Array, train: bool) -> tuple[jax.Array, dict]:
         """Mean loss over the batch and scalar metrics; pure and jittable."""
 
-    def train_data(self, batch_size: int, seed: int, shard: tuple[int, int]) -> grain.IterDataset:
-        """Endless checkpointable batches of this process's batch_size examples."""
+    def train_data(self, batch_size: int, seed: int, shard: tuple[int, int], start_step: int) -> grain.IterDataset:
+        """Endless batches of batch_size examples: with shard = (index, count), the k-th is rows
+        [index * batch_size, (index + 1) * batch_size) of global batch number start_step + k. Global
+        batch s depends on the seed and s only (not on the number of processes), so a run resumes
+        at its checkpoint's step on any topology."""
 
     def eval_data(self) -> Iterable[Batch]:
-        """The fixed eval batches (this process's share of each global batch)."""
+        """The fixed eval batches, whole (every process reads them; each feeds its devices' rows)."""
 
     def eval_weight(self, batch: Batch) -> jax.Array:
         """How much a batch counts in the eval means (its real target tokens, say); jittable."""
@@ -54,6 +57,7 @@ class Experiment(Protocol):
         self, params: Any, evaluate: Callable[[Iterable[Batch]], dict[str, float]], workdir: pathlib.Path
     ) -> dict[str, float]:
         """Held-out results of the trained model (test metrics, BLEU), computed once after training;
-        `evaluate(batches)` gives the weighted mean metrics of batches (this process's share,
-        as eval_data gives them) from the trainer's sharded eval step. May write files (decoded
-        outputs) into workdir; may be empty."""
+        `evaluate(batches)` gives the weighted mean metrics of global batches (as eval_data
+        gives them) from the trainer's sharded eval step. May be empty. Runs on every process (the
+        computations are collective); files for workdir (decoded outputs, plots) are written by
+        process 0 only (lm.distributed.is_primary)."""

@@ -1,9 +1,11 @@
 """The trainer: one loop for every experiment.
 
 train(config, workdir) builds the experiment named by config.experiment, the mesh and the sharded
-state; resumes from the latest checkpoint in workdir (state and data position) if there is one;
-then runs jitted train steps with periodic logging, evaluation and asynchronous checkpoints.
-SIGTERM saves a checkpoint and stops.
+state; resumes from the latest checkpoint in workdir if there is one (on any mesh: the data position
+is the step); then runs jitted train steps with periodic logging, evaluation and asynchronous
+checkpoints. SIGTERM saves a checkpoint and stops. With several processes (lm.distributed) each
+loads only its rows of every batch, all of them save the checkpoints together, and process 0 alone
+writes the logs and results.
 """
 
 import datetime
@@ -19,8 +21,10 @@ import flax.linen as nn
 import jax
 import ml_collections
 import numpy as np
+from jax.experimental import multihost_utils
 
 from lm import sharding
+from lm.distributed import is_primary
 from lm.errors import UserError
 from lm.runs import CONFIG_FILE, METRICS_FILE, RESULTS_FILE, SUMMARY_FILE
 from lm.train.checkpoint import Checkpointer
@@ -44,7 +48,7 @@ def prepare_workdir(workdir: str) -> pathlib.Path:
     path = pathlib.Path(workdir).expanduser().absolute()
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".write_probe"
+        probe = path / f".write_probe_{jax.process_index()}"
         probe.write_text("")
         probe.unlink()
     except OSError as e:
@@ -97,6 +101,13 @@ class CompiledPerShape:
             self.seconds += seconds
             print(f"compiled the train step for batch shapes {sorted(set(shapes))} in {seconds:.1f}s")
         return self.compiled[shapes](state, batch)
+
+
+def host_local(tree):
+    """tree, with arrays this process can compute with on its own: as it is with one process; with
+    several, each array gathered whole into host memory (so sampling and decoding after training
+    run locally on every process, not as collectives)."""
+    return tree if jax.process_count() == 1 else multihost_utils.process_allgather(tree, tiled=True)
 
 
 def format_bytes(count: float) -> str:
@@ -179,8 +190,8 @@ def dry_run(config: ml_collections.ConfigDict, devices: list[jax.Device] | None 
     here, before any accelerator time is spent."""
     tcfg = config.train
     mesh, rules, experiment, optimizer, init_boxed = build(config, devices)
-    shard = (jax.process_index(), jax.process_count())
-    host_batch = next(iter(experiment.train_data(tcfg.batch_size // shard[1], config.seed, shard)))
+    shard = sharding.process_batch_shard(mesh)
+    host_batch = next(iter(experiment.train_data(tcfg.batch_size // shard[1], config.seed, shard, 0)))
     batch_sharding = sharding.batch_sharding(mesh)
     batch_shapes = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct((tcfg.batch_size, *x.shape[1:]), x.dtype, sharding=batch_sharding), host_batch
@@ -236,19 +247,21 @@ def train(
         checkpointer = Checkpointer(workdir_path / "checkpoints", tcfg.keep_checkpoints)
         checkpointer.check_compatible(state_shapes)
         # Every check has passed: from here on the workdir is written to.
-        (workdir_path / CONFIG_FILE).write_text(config.to_json_best_effort(indent=2))
-        experiment.save_assets(workdir_path)
+        if is_primary():
+            (workdir_path / CONFIG_FILE).write_text(config.to_json_best_effort(indent=2))
+            experiment.save_assets(workdir_path)
 
-        shard = (jax.process_index(), jax.process_count())
-        train_iter = iter(experiment.train_data(tcfg.batch_size // jax.process_count(), config.seed, shard))
         start_step = checkpointer.latest_step()
         if start_step is None:
             state = init_state(init_boxed, init_rng, state_shardings)
             start_step = 0
         else:
-            state = checkpointer.restore(start_step, state_shapes, train_iter)
-            truncate_log(workdir_path / METRICS_FILE, start_step)
+            state = checkpointer.restore(start_step, state_shapes)
+            if is_primary():
+                truncate_log(workdir_path / METRICS_FILE, start_step)
             print(f"resumed from step {start_step} in {workdir_path}")
+        shard = sharding.process_batch_shard(mesh)
+        train_iter = iter(experiment.train_data(tcfg.batch_size // shard[1], config.seed, shard, start_step))
         if start_step >= tcfg.num_steps and (workdir_path / RESULTS_FILE).is_file():
             checkpointer.close()
             print(f"already trained to step {start_step} (train.num_steps={tcfg.num_steps}); nothing to do")
@@ -264,7 +277,8 @@ def train(
     summary_path = workdir_path / SUMMARY_FILE
     previous = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     summary = {**previous, **summary}  # a resumed run keeps what earlier segments measured
-    summary_path.write_text(json.dumps(summary, indent=2))
+    if is_primary():
+        summary_path.write_text(json.dumps(summary, indent=2))
     return summary
 
 
@@ -287,9 +301,8 @@ def _train_loop(config, experiment, mesh, state, state_shardings, train_iter, op
           f"{mesh.devices.flat[0].device_kind}")
 
     def evaluate_batches(batches) -> dict[str, float]:
-        """Weighted mean metrics (per real token, say, not per padded batch) of this process's
-        share of global batches."""
-        outputs = [eval_step(state.params, sharding.global_batch(b, mesh)) for b in batches]
+        """Weighted mean metrics (per real token, say, not per padded batch) of global batches."""
+        outputs = [eval_step(state.params, sharding.place_batch(b, mesh)) for b in batches]
         metrics, weights = zip(*outputs, strict=True)
         return mean_metrics(list(metrics), list(weights))
 
@@ -308,7 +321,7 @@ def _train_loop(config, experiment, mesh, state, state_shardings, train_iter, op
     pending: list[dict] = []
     interval_start, interval_steps = time.perf_counter(), 0
     while step < tcfg.num_steps and not stop.requested:
-        batch = sharding.global_batch(next(train_iter), mesh)
+        batch = sharding.assemble_batch(next(train_iter), mesh, tcfg.batch_size)
         compile_seconds = train_step.seconds
         state, metrics = train_step(state, batch)
         interval_start += train_step.seconds - compile_seconds  # compiling is not training time
@@ -334,10 +347,8 @@ def _train_loop(config, experiment, mesh, state, state_shardings, train_iter, op
         if step % config.eval.every == 0 or step == tcfg.num_steps:
             last_eval = evaluate(step)
             interval_start, interval_steps = time.perf_counter(), 0
-        # The data iterator has given exactly `step` batches here, so a checkpoint taken now
-        # resumes with the batch an uninterrupted run would see next.
         if step % tcfg.checkpoint_every == 0 or step == tcfg.num_steps or stop.requested:
-            checkpointer.save(step, state, train_iter)
+            checkpointer.save(step, state)
 
     summary = {"step": step, **last_eval, "num_params": num_params, "active_params": active_params}
     if train_step.compiled:  # this segment trained (a rerun of a finished run does not)
@@ -346,12 +357,14 @@ def _train_loop(config, experiment, mesh, state, state_shardings, train_iter, op
     if stop.requested:
         print(f"SIGTERM: saved a checkpoint at step {step}; rerun the same command to resume")
         return summary
-    texts = experiment.texts(state.params)
+    params = host_local(state.params)
+    texts = experiment.texts(params)
     writer.write_texts(step, texts)
     for name, text in texts.items():
         print(f"--- {name} ---\n{text}")
-    results = experiment.final_results(state.params, evaluate_batches, workdir)
-    (workdir / RESULTS_FILE).write_text(json.dumps({"step": step, **results}, indent=2))
+    results = experiment.final_results(params, evaluate_batches, workdir)
+    if is_primary():
+        (workdir / RESULTS_FILE).write_text(json.dumps({"step": step, **results}, indent=2))
     if results:
         writer.write_scalars(step, results)
         print("results: " + " | ".join(f"{k} {v:.4g}" for k, v in results.items()))

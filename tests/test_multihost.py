@@ -1,0 +1,121 @@
+"""Multi-process training with jax.distributed: two processes on localhost with 4 CPU devices each
+train exactly as one process with 8 devices, and their checkpoint restores on other meshes."""
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from lm import distributed
+from lm.errors import UserError
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def losses(workdir: pathlib.Path) -> dict[int, float]:
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in records if "loss" in r}
+
+
+def test_two_processes_match_one_and_restore_on_other_meshes(tmp_path, data_dir, test_config):
+    from lm.train.loop import load_experiment, restore_params, train
+
+    test_config.train.update(num_steps=20, log_every=1, checkpoint_every=10)
+    overrides = ["--config.train.log_every=1", "--config.train.checkpoint_every=10", "--config.sample.max_new_tokens=5"]
+
+    # 2 processes x 4 devices, coordinated by jax.distributed over localhost (gloo collectives), 10 steps.
+    multi = tmp_path / "multi"
+    address = f"localhost:{free_port()}"
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "lm.main", "--config=configs/gpt_shakespeare.py:test", f"--workdir={multi}",
+             "--config.train.num_steps=10", *overrides,
+             f"--coordinator_address={address}", "--num_processes=2", f"--process_id={i}"],
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for i in range(2)
+    ]
+    outputs = [p.communicate(timeout=300) for p in processes]
+    for p, (_, err) in zip(processes, outputs, strict=True):
+        assert p.returncode == 0, err[-3000:]
+    assert "process 1 of 2" in outputs[1][1]
+    assert "step     10 | loss" in outputs[0][0] and "loss" not in outputs[1][0]  # process 0 alone reports
+    assert (multi / "checkpoints" / "10").is_dir()
+
+    # 1 process x 8 devices, 20 steps without a break.
+    single = tmp_path / "single"
+    train(test_config, str(single), devices=jax.devices())
+    single_losses, multi_losses = losses(single), losses(multi)
+    assert sorted(multi_losses) == list(range(1, 11))
+    np.testing.assert_allclose([multi_losses[s] for s in range(1, 11)], [single_losses[s] for s in range(1, 11)],
+                               rtol=1e-5)
+
+    # The 2-process checkpoint continues in 1 process on another mesh (data 4 x fsdp 2) to step 20 ...
+    test_config.mesh.update(data=4, fsdp=2)
+    train(test_config, str(multi), devices=jax.devices())
+    resumed = losses(multi)
+    np.testing.assert_allclose([resumed[s] for s in range(11, 21)], [single_losses[s] for s in range(11, 21)],
+                               rtol=1e-4)
+    # ... and its final parameters load on a single device, equal to the uninterrupted run's (up to
+    # the summation order of the gradient reductions; Adam turns the noise on near-zero gradients
+    # into updates, hence the absolute tolerance).
+    experiment = load_experiment(test_config)
+    for a, b in zip(jax.tree.leaves(restore_params(test_config, experiment, multi)),
+                    jax.tree.leaves(restore_params(test_config, experiment, single)), strict=True):
+        assert len(a.devices()) == 1
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+
+
+def test_single_process_never_initializes(monkeypatch):
+    calls = []
+    monkeypatch.setattr(jax.distributed, "initialize", lambda *a, **k: calls.append((a, k)))
+    for name in (*distributed.EXPLICIT_ENV, "SLURM_JOB_ID", "OMPI_MCA_orte_hnp_uri"):
+        monkeypatch.delenv(name, raising=False)
+    assert distributed.initialize() is None
+    assert distributed.initialize("localhost:1234", 1, 0) is None  # one process: nothing to coordinate
+    # A SLURM allocation of one task is a single process too.
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_STEP_NODELIST", "node1")
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    monkeypatch.setenv("SLURM_LOCALID", "0")
+    assert distributed.initialize() is None
+    assert calls == []
+    # Two SLURM tasks: JAX's own detection takes over (coordinator, ids from the environment).
+    monkeypatch.setenv("SLURM_NTASKS", "2")
+    monkeypatch.setattr(jax, "process_index", lambda: 0)
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    assert distributed.initialize() == "process 0 of 2 (SlurmCluster)"
+    assert calls == [((), {})]
+
+
+def test_explicit_settings_from_flags_or_environment(monkeypatch):
+    calls = []
+    monkeypatch.setattr(jax.distributed, "initialize", lambda *a, **k: calls.append(a))
+    assert distributed.initialize("host0:1234", 4, 3) == "process 3 of 4, coordinator host0:1234"
+    monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "host0:99")
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "2")
+    monkeypatch.setenv("JAX_PROCESS_ID", "1")
+    assert distributed.initialize() == "process 1 of 2, coordinator host0:99"
+    assert calls == [("host0:1234", 4, 3), ("host0:99", 2, 1)]
+    monkeypatch.delenv("JAX_PROCESS_ID")
+    with pytest.raises(UserError, match="needs all of --coordinator_address, --num_processes and --process_id"):
+        distributed.initialize()
+    with pytest.raises(UserError, match=r"--process_id=5 is not in \[0, --num_processes=2\)"):
+        distributed.initialize(process_id=5)
+    monkeypatch.setenv("JAX_PROCESS_ID", "one")
+    with pytest.raises(UserError, match="JAX_PROCESS_ID='one' is not an integer"):
+        distributed.initialize()
