@@ -38,13 +38,13 @@ def test_two_processes_match_one_and_restore_on_other_meshes(tmp_path, data_dir,
     # 2 processes x 4 devices, coordinated by jax.distributed over localhost (gloo collectives), 10 steps.
     multi = tmp_path / "multi"
     address = f"localhost:{free_port()}"
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
-    processes = [
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "PYTHON": sys.executable,
+           "COORDINATOR": address, "NUM_NODES": "2"}
+    processes = [  # started as on two nodes, by the plain multi-node launcher
         subprocess.Popen(
-            [sys.executable, "-m", "lm.main", "--config=configs/gpt_shakespeare.py:test", f"--workdir={multi}",
-             "--config.train.num_steps=10", *overrides,
-             f"--coordinator_address={address}", "--num_processes=2", f"--process_id={i}"],
-            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            ["bash", "launch/multinode.sh", "--config=configs/gpt_shakespeare.py:test", f"--workdir={multi}",
+             "--config.train.num_steps=10", *overrides],
+            cwd=REPO, env={**env, "NODE_RANK": str(i)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         for i in range(2)
     ]

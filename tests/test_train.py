@@ -35,14 +35,19 @@ def test_resume_is_exact(tmp_path, data_dir, test_config):
     device = jax.devices()[:1]
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
     train(test_config, str(straight), devices=device)
+    straight_config = test_config.copy_and_resolve_references()
+    # The interrupted run keeps its checkpoints outside its workdir (a bucket or Drive, say).
+    test_config.train.checkpoint_dir = str(tmp_path / "elsewhere")
     test_config.train.num_steps = 10  # stop half way (the schedule still ends at step 20) ...
     train(test_config, str(interrupted), devices=device)
     test_config.train.num_steps = 20  # ... and rerun the same command to finish
     train(test_config, str(interrupted), devices=device)
 
     assert logged(straight) == logged(interrupted)  # the same batches, dropout keys and updates
+    assert sorted(p.name for p in (tmp_path / "elsewhere").iterdir()) == ["10", "20"]
+    assert not (interrupted / "checkpoints").exists()
     for a, b in zip(
-        jax.tree.leaves(restore_params(test_config, _experiment(test_config), straight)),
+        jax.tree.leaves(restore_params(straight_config, _experiment(test_config), straight)),
         jax.tree.leaves(restore_params(test_config, _experiment(test_config), interrupted)),
         strict=True,
     ):

@@ -6,8 +6,6 @@ makes a checkpoint independent of the topology: the arrays are saved whole (each
 shards) and restored into whatever shardings the new mesh gives them.
 """
 
-import pathlib
-
 import jax
 import orbax.checkpoint as ocp
 
@@ -24,9 +22,10 @@ class Checkpointer:
     """Saves (asynchronously) and restores the train state in workdir/checkpoints. With several
     processes, every process calls every method: Orbax writes and reads collectively."""
 
-    def __init__(self, directory: pathlib.Path, keep: int):
+    def __init__(self, directory: str, keep: int):
+        """directory: an absolute local path, or a URL Orbax writes to (gs://...)."""
         self.manager = ocp.CheckpointManager(
-            directory.absolute(),
+            directory,
             options=ocp.CheckpointManagerOptions(
                 max_to_keep=keep, enable_async_checkpointing=True
             ),

@@ -44,15 +44,17 @@ def load_experiment(config: ml_collections.ConfigDict) -> Experiment:
     return module.build(config)
 
 
-def prepare_workdir(workdir: str) -> pathlib.Path:
-    path = pathlib.Path(workdir).expanduser().absolute()
+def prepare_directory(directory: str, option: str = "--workdir") -> pathlib.Path:
+    """Creates directory if needed and checks that this process can write there; option names the
+    flag or config field it came from, for the error."""
+    path = pathlib.Path(directory).expanduser().absolute()
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / f".write_probe_{jax.process_index()}"
         probe.write_text("")
         probe.unlink()
     except OSError as e:
-        raise UserError(f"workdir {path} is not writable ({e.strerror}); pass a --workdir you can write to") from e
+        raise UserError(f"{path} is not writable ({e.strerror}); pass a {option} you can write to") from e
     return path
 
 
@@ -154,16 +156,26 @@ def jit_train_step(config: ml_collections.ConfigDict, experiment: Experiment, op
     )
 
 
+def checkpoint_directory(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> str:
+    """config.train.checkpoint_dir (a local path, or a URL such as gs://bucket/run for Orbax), or
+    by default workdir/checkpoints."""
+    chosen = config.train.get("checkpoint_dir", "")  # runs written before the option have none
+    if not chosen:
+        return str(workdir / "checkpoints")
+    return chosen if "://" in chosen else str(pathlib.Path(chosen).expanduser().absolute())
+
+
 def restore_params(config: ml_collections.ConfigDict, experiment: Experiment, workdir: pathlib.Path):
     """The params of the latest checkpoint in workdir, on the first device."""
     mesh = sharding.make_mesh({axis: 1 for axis in sharding.MESH_AXES}, jax.devices()[:1])
     rules = sharding.logical_rules(config.sharding_rules)
     init_boxed = state_builder(experiment, make_optimizer(config.optimizer))
     state_shapes, _ = abstract_state(init_boxed, jax.random.key(config.seed), mesh, rules)
-    checkpointer = Checkpointer(workdir / "checkpoints", config.train.keep_checkpoints)
+    directory = checkpoint_directory(config, workdir)
+    checkpointer = Checkpointer(directory, config.train.keep_checkpoints)
     step = checkpointer.latest_step()
     if step is None:
-        raise UserError(f"no checkpoint in {workdir / 'checkpoints'}: train first with lm.main")
+        raise UserError(f"no checkpoint in {directory}: train first with lm.main")
     checkpointer.check_compatible(state_shapes)
     params = checkpointer.restore(step, state_shapes).params
     checkpointer.close()
@@ -238,13 +250,16 @@ def train(
     """Trains to config.train.num_steps on devices (default: all); returns the last eval metrics
     (prefixed 'eval_') and run facts."""
     tcfg = config.train
-    workdir_path = prepare_workdir(workdir)
+    workdir_path = prepare_directory(workdir)
+    checkpoints = checkpoint_directory(config, workdir_path)
+    if "://" not in checkpoints:
+        prepare_directory(checkpoints, "--config.train.checkpoint_dir")
     mesh, rules, experiment, optimizer, init_boxed = build(config, devices)
     init_rng = jax.random.key(config.seed)
 
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         state_shapes, state_shardings = abstract_state(init_boxed, init_rng, mesh, rules)
-        checkpointer = Checkpointer(workdir_path / "checkpoints", tcfg.keep_checkpoints)
+        checkpointer = Checkpointer(checkpoints, tcfg.keep_checkpoints)
         checkpointer.check_compatible(state_shapes)
         # Every check has passed: from here on the workdir is written to.
         if is_primary():

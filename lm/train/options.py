@@ -28,6 +28,9 @@ def train_options(**overrides) -> ml_collections.ConfigDict:
     options.log_every = 100
     options.checkpoint_every = 1000
     options.keep_checkpoints = 2
+    # Where checkpoints go; "" = <workdir>/checkpoints. A gs:// path (Orbax writes it directly) or a
+    # mounted Google Drive folder keeps them when a Colab runtime or a preemptible VM goes away.
+    options.checkpoint_dir = ""
     options.peak_flops = 0.0  # per device, for MFU; 0 = look up or measure
     options.wandb_project = ""  # non-empty turns Weights & Biases logging on
     options.update(overrides)
