@@ -14,7 +14,7 @@ set -euo pipefail
 
 : "${COORDINATOR:?set COORDINATOR=host:port of node 0}"
 : "${NUM_NODES:?set NUM_NODES to the number of nodes}"
-: "${NODE_RANK:?set NODE_RANK to this node's index, 0 to NUM_NODES - 1}"
+: "${NODE_RANK:?set NODE_RANK to the index of this node, 0 to NUM_NODES - 1}"
 PYTHON="${PYTHON:-python}"
 
 exec "$PYTHON" -m lm.main "$@" \

@@ -74,3 +74,9 @@ def test_multinode_script_names_what_is_missing(recorder):
     env = {k: "" for k in ("COORDINATOR", "NUM_NODES", "NODE_RANK")}
     result, _ = recorder("bash", "launch/multinode.sh", "--config=configs/gpt_shakespeare.py:test", **env)
     assert result.returncode != 0 and "set COORDINATOR=host:port of node 0" in result.stderr
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in (REPO / "launch").glob("*.sh*")) + ["slurm.sbatch"])
+def test_launch_scripts_parse(script):
+    result = subprocess.run(["bash", "-n", str(REPO / "launch" / script)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
