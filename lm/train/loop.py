@@ -251,14 +251,14 @@ def train(
     (prefixed 'eval_') and run facts."""
     tcfg = config.train
     workdir_path = prepare_directory(workdir)
-    checkpoints = checkpoint_directory(config, workdir_path)
-    if "://" not in checkpoints:
-        prepare_directory(checkpoints, "--config.train.checkpoint_dir")
     mesh, rules, experiment, optimizer, init_boxed = build(config, devices)
     init_rng = jax.random.key(config.seed)
 
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         state_shapes, state_shardings = abstract_state(init_boxed, init_rng, mesh, rules)
+        checkpoints = checkpoint_directory(config, workdir_path)
+        if tcfg.checkpoint_dir and "://" not in checkpoints:  # (the workdir's own was checked above)
+            prepare_directory(checkpoints, "--config.train.checkpoint_dir")
         checkpointer = Checkpointer(checkpoints, tcfg.keep_checkpoints)
         checkpointer.check_compatible(state_shapes)
         # Every check has passed: from here on the workdir is written to.
