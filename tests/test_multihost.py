@@ -32,10 +32,10 @@ def losses(workdir: pathlib.Path) -> dict[int, float]:
 def test_two_processes_match_one_and_restore_on_other_meshes(tmp_path, data_dir, test_config):
     from lm.train.loop import load_experiment, restore_params, train
 
-    test_config.train.update(num_steps=20, log_every=1, checkpoint_every=10)
-    overrides = ["--config.train.log_every=1", "--config.train.checkpoint_every=10", "--config.sample.max_new_tokens=5"]
+    test_config.train.update(num_steps=12, log_every=1, checkpoint_every=6)
+    overrides = ["--config.train.log_every=1", "--config.train.checkpoint_every=6", "--config.sample.max_new_tokens=5"]
 
-    # 2 processes x 4 devices, coordinated by jax.distributed over localhost (gloo collectives), 10 steps.
+    # 2 processes x 4 devices, coordinated by jax.distributed over localhost (gloo collectives), 6 steps.
     multi = tmp_path / "multi"
     address = f"localhost:{free_port()}"
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "PYTHON": sys.executable,
@@ -43,7 +43,7 @@ def test_two_processes_match_one_and_restore_on_other_meshes(tmp_path, data_dir,
     processes = [  # started as on two nodes, by the plain multi-node launcher
         subprocess.Popen(
             ["bash", "launch/multinode.sh", "--config=configs/gpt_shakespeare.py:test", f"--workdir={multi}",
-             "--config.train.num_steps=10", *overrides],
+             "--config.train.num_steps=6", *overrides],
             cwd=REPO, env={**env, "NODE_RANK": str(i)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         for i in range(2)
@@ -52,22 +52,22 @@ def test_two_processes_match_one_and_restore_on_other_meshes(tmp_path, data_dir,
     for p, (_, err) in zip(processes, outputs, strict=True):
         assert p.returncode == 0, err[-3000:]
     assert "process 1 of 2" in outputs[1][1]
-    assert "step     10 | loss" in outputs[0][0] and "loss" not in outputs[1][0]  # process 0 alone reports
-    assert (multi / "checkpoints" / "10").is_dir()
+    assert "step      6 | loss" in outputs[0][0] and "loss" not in outputs[1][0]  # process 0 alone reports
+    assert (multi / "checkpoints" / "6").is_dir()
 
-    # 1 process x 8 devices, 20 steps without a break.
+    # 1 process x 8 devices, 12 steps without a break.
     single = tmp_path / "single"
     train(test_config, str(single), devices=jax.devices())
     single_losses, multi_losses = losses(single), losses(multi)
-    assert sorted(multi_losses) == list(range(1, 11))
-    np.testing.assert_allclose([multi_losses[s] for s in range(1, 11)], [single_losses[s] for s in range(1, 11)],
+    assert sorted(multi_losses) == list(range(1, 7))
+    np.testing.assert_allclose([multi_losses[s] for s in range(1, 7)], [single_losses[s] for s in range(1, 7)],
                                rtol=1e-5)
 
-    # The 2-process checkpoint continues in 1 process on another mesh (data 4 x fsdp 2) to step 20 ...
+    # The 2-process checkpoint continues in 1 process on another mesh (data 4 x fsdp 2) to step 12 ...
     test_config.mesh.update(data=4, fsdp=2)
     train(test_config, str(multi), devices=jax.devices())
     resumed = losses(multi)
-    np.testing.assert_allclose([resumed[s] for s in range(11, 21)], [single_losses[s] for s in range(11, 21)],
+    np.testing.assert_allclose([resumed[s] for s in range(7, 13)], [single_losses[s] for s in range(7, 13)],
                                rtol=1e-4)
     # ... and its final parameters load on a single device, equal to the uninterrupted run's (up to
     # the summation order of the gradient reductions; Adam turns the noise on near-zero gradients
