@@ -14,6 +14,7 @@ process 0 prints progress and writes logs; all of them write the checkpoints tog
 """
 
 import os
+import signal
 import sys
 
 from absl import app, flags, logging
@@ -43,12 +44,16 @@ def main(argv: list[str]) -> None:
     logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO
     keep_freed_memory()
     run_user_errors(start_processes)
-    from lm.train.loop import dry_run, train  # after flag parsing, so --help and flag errors are quick
+    from lm.train.loop import Stopped, dry_run, train  # after flag parsing, so --help and flag errors are quick
 
     if _DRY_RUN.value:
         run_user_errors(lambda: dry_run(_CONFIG.value))
-    else:
+        return
+    try:
         run_user_errors(lambda: train(_CONFIG.value, _WORKDIR.value))
+    except Stopped as e:  # SIGTERM or SIGINT: the checkpoint is saved; the exit code says why it ended
+        print(e, file=sys.stderr)
+        sys.exit(128 + signal.Signals[e.signal_name].value)
 
 
 def start_processes() -> None:

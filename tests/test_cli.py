@@ -110,9 +110,9 @@ def test_sigterm_saves_a_checkpoint_and_the_rerun_resumes(tmp_path, data_dir):
             process.send_signal(signal.SIGTERM)
             break
     out, err = process.communicate(timeout=120)
-    assert process.returncode == 0, err[-2000:]
-    assert "SIGTERM: saved a checkpoint at step" in out
-    saved = int(out.split("saved a checkpoint at step ")[1].split(";")[0])
+    assert process.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert "SIGTERM: saved a checkpoint at step" in err
+    saved = int(err.split("saved a checkpoint at step ")[1].split(";")[0])
     assert 20 <= saved < 100000
     assert [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()] == [saved]
     result = run("lm.main", CONFIG, f"--workdir={workdir}", f"--config.train.num_steps={saved + 2}",

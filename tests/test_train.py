@@ -135,3 +135,78 @@ def test_val_loss_at_a_longer_context_scores_windows_of_that_length(data_dir, te
             continue
         assert seen == [(8, 32)] * 2  # eval.batch_size x 32, eval.num_batches of them
         assert results["val_cross_entropy_ctx32"] == pytest.approx(np.log(65), abs=0.2)  # untrained: ~uniform
+
+
+def test_a_nonfinite_step_leaves_the_weights_and_optimizer_state_alone():
+    import jax.numpy as jnp
+    import optax
+
+    from lm.train.state import TrainState
+    from lm.train.step import make_train_step
+
+    def loss_fn(params, batch, rng, train):
+        loss = jnp.sum((params["w"] - batch["x"]) ** 2) * batch["scale"]
+        return loss, {}
+
+    optimizer = optax.adam(0.1)
+    params = {"w": jnp.ones(3)}
+    state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params))
+    step = jax.jit(make_train_step(loss_fn, optimizer, optax.constant_schedule(0.1), 1, seed=0))
+    for scale in (np.nan, np.inf):
+        after, metrics = step(state, {"x": jnp.zeros(3), "scale": jnp.float32(scale)})
+        assert metrics["nonfinite"] == 1 and int(after.step) == 1
+        for a, b in zip(jax.tree.leaves((after.params, after.opt_state)), jax.tree.leaves((params, state.opt_state)),
+                        strict=True):
+            np.testing.assert_array_equal(a, b)
+    after, metrics = step(state, {"x": jnp.zeros(3), "scale": jnp.float32(1.0)})
+    assert metrics["nonfinite"] == 0 and not np.allclose(after.params["w"], 1.0)
+
+
+def test_diverging_run_stops_with_a_message_or_skips_and_never_saves_nonfinite(tmp_path, data_dir, test_config):
+    """A learning rate of 1e4 sends the loss to ~1e9 at step 2 and to NaN/Inf from step 3 on."""
+    from lm.errors import UserError
+
+    test_config.optimizer.update(learning_rate=1e4, warmup_steps=0)
+    test_config.train.update(num_steps=8, checkpoint_every=2, log_every=4)
+    device = jax.devices()[:1]
+    with pytest.raises(UserError, match="NaN/Inf at step 3 .*the checkpoint at step 2 is intact"):
+        train(test_config, str(tmp_path / "stop"), devices=device)
+    assert sorted(p.name for p in (tmp_path / "stop" / "checkpoints").iterdir() if p.name.isdigit()) == ["2"]
+
+    test_config.train.on_nonfinite = "skip"
+    summary = train(test_config, str(tmp_path / "skip"), devices=device)
+    assert summary["skipped_steps"] == 6 and summary["step"] == 8
+    params = restore_params(test_config, _experiment(test_config), tmp_path / "skip")
+    assert all(np.isfinite(np.asarray(leaf)).all() for leaf in jax.tree.leaves(params))
+    assert logged(tmp_path / "skip", "nonfinite") == {4: 0.5, 8: 1.0}
+
+
+def test_ctrl_c_finishes_the_step_saves_and_the_rerun_resumes_exactly(tmp_path, data_dir, test_config):
+    import os
+    import signal
+    import threading
+    import time
+
+    from lm.train.loop import Stopped
+
+    test_config.train.update(num_steps=100_000, log_every=1, checkpoint_every=100_000)
+    test_config.eval.every = 100_000
+    workdir = tmp_path / "run"
+
+    def interrupt_after_step_5():
+        while not (workdir / "metrics.jsonl").is_file() or len(logged(workdir)) < 5:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_after_step_5, daemon=True).start()
+    with pytest.raises(Stopped, match="SIGINT: saved a checkpoint at step") as stopped:
+        train(test_config, str(workdir), devices=jax.devices()[:1])
+    saved = stopped.value.step
+    assert saved >= 5 and [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()] == [saved]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # pytest's Ctrl-C works again
+
+    test_config.train.num_steps = saved + 3
+    train(test_config, str(workdir), devices=jax.devices()[:1])
+    straight = tmp_path / "straight"
+    train(test_config, str(straight), devices=jax.devices()[:1])
+    assert logged(workdir) == logged(straight)

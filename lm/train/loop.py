@@ -73,16 +73,64 @@ def count_params(params) -> int:
     return sum(math.prod(p.shape) for p in jax.tree.leaves(params))
 
 
+class Stopped(Exception):
+    """Training stopped on a signal after saving a checkpoint at `step`; rerunning resumes."""
+
+    def __init__(self, signal_name: str, step: int):
+        super().__init__(f"{signal_name}: saved a checkpoint at step {step}; rerun the same command to resume")
+        self.signal_name, self.step = signal_name, step
+
+
 class StopSignal:
-    """Turns SIGTERM into a flag the loop polls, so it can checkpoint before exiting."""
+    """SIGTERM (preemption) and SIGINT (Ctrl-C) become a flag the loop polls, so that it finishes the
+    step, saves a checkpoint and exits. Several processes agree every `every` steps whether any of
+    them got a signal, so that all stop after the same step. A context manager: the previous
+    handlers come back on exit."""
 
-    def __init__(self):
-        self.requested = False
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self, every: int):
+        self.every = every
+        self.received: str | None = None
+        self._previous = {}
+
+    def __enter__(self) -> "StopSignal":
         if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self._handle)
+            self._previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
+        return self
 
-    def _handle(self, signum, frame):
-        self.requested = True
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum, frame) -> None:
+        self.received = signal.Signals(signum).name
+
+    def stop_after(self, step: int) -> bool:
+        if jax.process_count() == 1:
+            return self.received is not None
+        if step % self.every:
+            return False
+        flags = multihost_utils.process_allgather(np.int32(self.received is not None))
+        self.received = self.received or ("SIGTERM" if flags.any() else None)  # another process's
+        return bool(flags.any())
+
+
+def count_nonfinite(unchecked: list[tuple[int, jax.Array]], policy: str, last_checkpoint: int | None) -> int:
+    """How many of the (step, nonfinite flag) pairs flag a NaN/Inf loss or gradient (the step did
+    not update the weights); with policy 'stop', the first one is a UserError instead."""
+    flags = jax.device_get([flag for _, flag in unchecked])
+    bad = [step for (step, _), flag in zip(unchecked, flags, strict=True) if flag > 0]
+    if bad and policy == "stop":
+        saved = f"the checkpoint at step {last_checkpoint} is intact" if last_checkpoint else "no checkpoint yet"
+        raise UserError(
+            f"the loss or the gradients became NaN/Inf at step {bad[0]} (that update was not applied, "
+            f"nothing was saved after it; {saved}): lower optimizer.learning_rate or raise warmup_steps, "
+            "or pass --config.train.on_nonfinite=skip to skip such steps and go on"
+        )
+    for step in bad:
+        print(f"step {step:>6} | NaN/Inf loss or gradients: update skipped (train.on_nonfinite=skip)")
+    return len(bad)
 
 
 class CompiledPerShape:
@@ -185,6 +233,8 @@ def restore_params(config: ml_collections.ConfigDict, experiment: Experiment, wo
 def build(config: ml_collections.ConfigDict, devices: list[jax.Device] | None):
     """(mesh, logical rules, experiment, optimizer, init_boxed) for config on devices (default: all),
     after checking that the mesh fits the devices and divides the batch."""
+    if config.train.on_nonfinite not in ("stop", "skip"):
+        raise UserError(f"train.on_nonfinite={config.train.on_nonfinite!r}: use 'stop' or 'skip'")
     mesh = sharding.make_mesh(config.mesh.to_dict(), devices)
     sharding.check_batch(config.train.batch_size, config.train.grad_accum_steps, mesh)
     rules = sharding.logical_rules(config.sharding_rules)
@@ -248,7 +298,8 @@ def train(
     config: ml_collections.ConfigDict, workdir: str, devices: list[jax.Device] | None = None
 ) -> dict[str, float]:
     """Trains to config.train.num_steps on devices (default: all); returns the last eval metrics
-    (prefixed 'eval_') and run facts."""
+    (prefixed 'eval_') and run facts. Raises Stopped when SIGTERM or SIGINT ended it early (after
+    saving a checkpoint)."""
     tcfg = config.train
     workdir_path = prepare_directory(workdir)
     mesh, rules, experiment, optimizer, init_boxed = build(config, devices)
@@ -284,21 +335,25 @@ def train(
 
         writer = MetricWriter(workdir_path, tcfg.wandb_project, config.to_dict())
         try:
-            summary = _train_loop(config, experiment, mesh, state, state_shardings, train_iter,
-                                  optimizer, checkpointer, writer, start_step, workdir_path)
+            with StopSignal(tcfg.log_every) as stop:
+                summary = _train_loop(config, experiment, mesh, state, state_shardings, train_iter,
+                                      optimizer, checkpointer, writer, start_step, workdir_path, stop)
         finally:
             checkpointer.close()
             writer.close()
     summary_path = workdir_path / SUMMARY_FILE
     previous = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    stopped_by = summary.pop("stopped_by", None)
     summary = {**previous, **summary}  # a resumed run keeps what earlier segments measured
     if is_primary():
         summary_path.write_text(json.dumps(summary, indent=2))
+    if stopped_by:
+        raise Stopped(stopped_by, summary["step"])
     return summary
 
 
 def _train_loop(config, experiment, mesh, state, state_shardings, train_iter, optimizer,
-                checkpointer, writer, start_step, workdir) -> dict[str, float]:
+                checkpointer, writer, start_step, workdir, stop: StopSignal) -> dict[str, float]:
     tcfg = config.train
     batch_sharding = sharding.batch_sharding(mesh)
     train_step = CompiledPerShape(jit_train_step(config, experiment, optimizer, state_shardings, mesh))
@@ -329,21 +384,31 @@ def _train_loop(config, experiment, mesh, state, state_shardings, train_iter, op
         print(f"step {step:>6} | eval loss {results['eval_loss']:.4f}")
         return results
 
-    stop = StopSignal()
     step = start_step
+    last_checkpoint = start_step or None
     loop_start = time.perf_counter()
     last_eval = evaluate(step) if step == 0 else {}
-    pending: list[dict] = []
+    pending: list[dict] = []  # metrics since the last log line
+    unchecked: list[tuple[int, jax.Array]] = []  # (step, nonfinite flag) since the last check
+    skipped = 0
     interval_start, interval_steps = time.perf_counter(), 0
-    while step < tcfg.num_steps and not stop.requested:
+    stopping = False
+    while step < tcfg.num_steps and not stopping:
         batch = sharding.assemble_batch(next(train_iter), mesh, tcfg.batch_size)
         compile_seconds = train_step.seconds
         state, metrics = train_step(state, batch)
         interval_start += train_step.seconds - compile_seconds  # compiling is not training time
         step += 1
         pending.append(metrics)
+        unchecked.append((step, metrics["nonfinite"]))
         interval_steps += 1
-        if step % tcfg.log_every == 0 or step == tcfg.num_steps:
+        stopping = stop.stop_after(step)
+        log_now = step % tcfg.log_every == 0 or step == tcfg.num_steps
+        save_now = step % tcfg.checkpoint_every == 0 or step == tcfg.num_steps or stopping
+        if log_now or save_now:
+            skipped += count_nonfinite(unchecked, tcfg.on_nonfinite, last_checkpoint)
+            unchecked = []
+        if log_now:
             scalars = mean_metrics(pending)
             step_time = (time.perf_counter() - interval_start) / interval_steps
             scalars.update(
@@ -362,16 +427,17 @@ def _train_loop(config, experiment, mesh, state, state_shardings, train_iter, op
         if step % config.eval.every == 0 or step == tcfg.num_steps:
             last_eval = evaluate(step)
             interval_start, interval_steps = time.perf_counter(), 0
-        if step % tcfg.checkpoint_every == 0 or step == tcfg.num_steps or stop.requested:
+        if save_now:
             checkpointer.save(step, state)
+            last_checkpoint = step
 
-    summary = {"step": step, **last_eval, "num_params": num_params, "active_params": active_params}
+    summary = {"step": step, **last_eval, "num_params": num_params, "active_params": active_params,
+               "skipped_steps": skipped}
     if train_step.compiled:  # this segment trained (a rerun of a finished run does not)
         summary["compile_seconds"] = train_step.seconds
         summary["train_seconds"] = time.perf_counter() - loop_start  # compiles, evals, checkpoints included
-    if stop.requested:
-        print(f"SIGTERM: saved a checkpoint at step {step}; rerun the same command to resume")
-        return summary
+    if stopping:
+        return {**summary, "stopped_by": stop.received}
     params = host_local(state.params)
     texts = experiment.texts(params)
     writer.write_texts(step, texts)

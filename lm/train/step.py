@@ -61,13 +61,22 @@ def make_train_step(
     def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
         rng = jax.random.fold_in(jax.random.key(seed), state.step)
         loss, metrics, grads = compute_gradients(state.params, batch, rng)
+        grad_norm = optax.tree.norm(grads)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
+        # A NaN or Inf loss or gradient never reaches the weights: such a step keeps the previous
+        # params and optimizer state (the step count still moves past its batch), and the trainer
+        # stops or counts it (train.on_nonfinite).
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        params, opt_state = jax.tree.map(
+            lambda new, old: jnp.where(finite, new, old), (params, opt_state), (state.params, state.opt_state)
+        )
         metrics = dict(
             metrics,
             loss=loss,
-            grad_norm=optax.tree.norm(grads),
+            grad_norm=grad_norm,
             learning_rate=learning_rate(state.step),
+            nonfinite=1.0 - finite.astype(jnp.float32),
         )
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
