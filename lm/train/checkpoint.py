@@ -27,7 +27,8 @@ class Checkpointer:
         self.manager = ocp.CheckpointManager(
             directory,
             options=ocp.CheckpointManagerOptions(
-                max_to_keep=keep, enable_async_checkpointing=True
+                max_to_keep=keep, enable_async_checkpointing=True,
+                cleanup_tmp_directories=True,  # what a killed save left behind (never restored)
             ),
             item_handlers={"state": ocp.StandardCheckpointHandler()},
         )

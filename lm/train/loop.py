@@ -213,15 +213,17 @@ def checkpoint_directory(config: ml_collections.ConfigDict, workdir: pathlib.Pat
     return chosen if "://" in chosen else str(pathlib.Path(chosen).expanduser().absolute())
 
 
-def restore_params(config: ml_collections.ConfigDict, experiment: Experiment, workdir: pathlib.Path):
-    """The params of the latest checkpoint in workdir, on the first device."""
+def restore_params(config: ml_collections.ConfigDict, experiment: Experiment, workdir: pathlib.Path,
+                   step: int | None = None):
+    """The params of the checkpoint at step (default: the latest) of the run in workdir, on the
+    first device."""
     mesh = sharding.make_mesh({axis: 1 for axis in sharding.MESH_AXES}, jax.devices()[:1])
     rules = sharding.logical_rules(config.sharding_rules)
     init_boxed = state_builder(experiment, make_optimizer(config.optimizer))
     state_shapes, _ = abstract_state(init_boxed, jax.random.key(config.seed), mesh, rules)
     directory = checkpoint_directory(config, workdir)
     checkpointer = Checkpointer(directory, config.train.keep_checkpoints)
-    step = checkpointer.latest_step()
+    step = checkpointer.latest_step() if step is None else step
     if step is None:
         raise UserError(f"no checkpoint in {directory}: train first with lm.main")
     checkpointer.check_compatible(state_shapes)

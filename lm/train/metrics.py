@@ -9,11 +9,21 @@ from lm.runs import METRICS_FILE
 
 
 def truncate_log(path: pathlib.Path, last_step: int) -> None:
-    """Drops records after last_step (written after the checkpoint a run resumes from)."""
+    """Drops records after last_step (written after the checkpoint a run resumes from), and a last
+    line cut short by a crash."""
     if not path.exists():
         return
-    kept = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= last_step]
-    path.write_text("".join(line + "\n" for line in kept))
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # only the final line can be partial: the log is flushed a line at a time
+        if record["step"] <= last_step:
+            kept.append(line)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    tmp.replace(path)  # a crash now leaves the old log or the new one, never half of one
 
 
 class MetricWriter:
