@@ -13,6 +13,7 @@ under SLURM or Open MPI, jax.distributed finds the other processes itself; elsew
 process 0 prints progress and writes logs; all of them write the checkpoints together.
 """
 
+import logging as std_logging
 import os
 import signal
 import sys
@@ -42,6 +43,9 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO
+    # Orbax writes in asyncio tasks; when a write fails (a full disk), asyncio reports the tasks it
+    # drops at exit, after the trainer's own one-line error. The error already says what happened.
+    std_logging.getLogger("asyncio").setLevel(std_logging.CRITICAL)
     keep_freed_memory()
     run_user_errors(start_processes)
     from lm.train.loop import Stopped, dry_run, train  # after flag parsing, so --help and flag errors are quick

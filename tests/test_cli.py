@@ -39,6 +39,10 @@ def snapshot(folder):
         ("--config.optimizer.learning_rate=fast", ["learning_rate"]),
         ("--config.model.norm_position=middle", ["norm_position", "middle"]),
         ("--config.train.batch_size=7 --config.train.grad_accum_steps=2", ["grad_accum_steps"]),
+        ("--config.model.num_heads=3", ["embed_dim=32 is not divisible by model.num_heads=3"]),
+        ("--config.model.moe.num_experts=2 --config.model.moe.top_k=3", ["top_k <= num_experts", "top_k=3"]),
+        ("--config.mesh.data=16", ["needs 16 devices but 1 are available"]),
+        ("--config.train.on_nonfinite=ignore", ["on_nonfinite", "'stop' or 'skip'"]),
     ],
 )
 def test_bad_config_is_one_line_and_writes_nothing(tmp_path, data_dir, override, fragments):

@@ -7,6 +7,7 @@ import grain
 import numpy as np
 
 from lm.data.files import find_file
+from lm.errors import UserError
 
 TINY_SHAKESPEARE = (
     "tinyshakespeare/input.txt",
@@ -48,9 +49,18 @@ class CharTokenizer:
 
 
 def load_text(dataset: str) -> str:
+    """The corpus as text; an empty file or one that is not UTF-8 is a UserError naming it."""
     if dataset not in DATASETS:
         raise ValueError(f"data.dataset={dataset!r}: known datasets are {sorted(DATASETS)}")
-    return find_file(*DATASETS[dataset]).read_text(encoding="utf-8")
+    path = find_file(*DATASETS[dataset])
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); replace it with the "
+                        "plain-text corpus (see shared/data/README.md)") from e
+    if not text.strip():
+        raise UserError(f"{path} is empty; replace it with the plain-text corpus (see shared/data/README.md)")
+    return text
 
 
 def split_tokens(tokens: np.ndarray, train_fraction: float) -> tuple[np.ndarray, np.ndarray]:
@@ -64,7 +74,8 @@ class TokenWindows:
 
     def __init__(self, tokens: np.ndarray, length: int):
         if len(tokens) <= length:
-            raise ValueError(f"{len(tokens)} tokens are too few for windows of {length} + 1")
+            raise UserError(f"{len(tokens)} tokens are too few for windows of {length} + 1: use more text or a "
+                            "shorter data.context_length")
         self.tokens = tokens
         self.length = length
 

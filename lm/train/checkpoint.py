@@ -6,6 +6,9 @@ makes a checkpoint independent of the topology: the arrays are saved whole (each
 shards) and restored into whatever shardings the new mesh gives them.
 """
 
+import contextlib
+import sys
+
 import jax
 import orbax.checkpoint as ocp
 
@@ -36,9 +39,10 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
-    def check_compatible(self, abstract_state) -> None:
-        """Raises UserError when the latest checkpoint's arrays differ in shape from this model's."""
-        step = self.latest_step()
+    def check_compatible(self, abstract_state, step: int | None = None) -> None:
+        """Raises UserError when the checkpoint at step (default: the latest) holds arrays of other
+        shapes than this model's."""
+        step = self.latest_step() if step is None else step
         if step is None:
             return
         saved = self.manager.item_metadata(step)["state"]
@@ -59,9 +63,39 @@ class Checkpointer:
                 f"{len(jax.tree.leaves(abstract_state))}; use a new --workdir"
             )
 
+    def restore_checked(self, step: int, abstract_state):
+        """The state at step, after the shape check; a checkpoint that cannot be read (damaged or
+        truncated files) raises CorruptCheckpoint."""
+        try:
+            self.check_compatible(abstract_state, step)
+            return self.restore(step, abstract_state)
+        except UserError:
+            raise
+        except Exception as e:  # noqa: BLE001 (Orbax and TensorStore raise many kinds for unreadable files)
+            raise CorruptCheckpoint(step, self.manager.directory, e) from e
+
+    def restore_latest(self, abstract_state, fallback: bool) -> tuple[int, object] | None:
+        """(step, state) of the latest checkpoint, or None when there is none. One that cannot be
+        read is a UserError, unless fallback: then it is set aside (renamed '<step>.corrupt', kept
+        for inspection) and the one before is tried."""
+        for step in sorted(self.manager.all_steps(), reverse=True):
+            try:
+                return step, self.restore_checked(step, abstract_state)
+            except CorruptCheckpoint as e:
+                if not fallback:
+                    raise UserError(f"{e}; pass --config.train.restore_fallback=True to resume from the one "
+                                    "before it (this one is kept, renamed), or move it out of the way") from e
+                aside = self.manager.directory / f"{step}.corrupt"
+                (self.manager.directory / str(step)).rename(aside)
+                self.manager.reload()
+                print(f"warning: {e}; moved it to {aside} and trying the one before", file=sys.stderr)
+        return None
+
     def save(self, step: int, state) -> bool:
-        """Saves now: the trainer decides when."""
-        return self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)), force=True)
+        """Saves now (the trainer decides when), in the background; a failure of the previous
+        background save (a full disk, say) is raised here as a UserError."""
+        with save_errors(self.manager.directory):
+            return self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)), force=True)
 
     def restore(self, step: int, abstract_state):
         """Returns the state at step, sharded as abstract_state (shapes with shardings) says."""
@@ -69,5 +103,39 @@ class Checkpointer:
         return self.manager.restore(step, args=items)["state"]
 
     def close(self) -> None:
-        self.manager.wait_until_finished()
+        """Waits for the background save; its failure is raised as a UserError."""
+        with save_errors(self.manager.directory):
+            self.manager.wait_until_finished()
         self.manager.close()
+
+
+class CorruptCheckpoint(Exception):
+    def __init__(self, step: int, directory, cause: Exception):
+        reason = " ".join(str(cause).split())[:200]
+        super().__init__(f"the checkpoint at step {step} in {directory} cannot be read ({type(cause).__name__}: "
+                         f"{reason})")
+
+
+def finished_steps(directory) -> list[int]:
+    """The steps whose checkpoint was completely written: a write goes to a temporary folder that is
+    renamed to the step number only when it is complete."""
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit()) if directory.exists() else []
+
+
+@contextlib.contextmanager
+def save_errors(directory):
+    """Turns a failed checkpoint write into a one-line UserError that says what is still intact."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001 (the write's OSError arrives wrapped in Orbax's own errors)
+        cause = e
+        while cause.__cause__ is not None and not isinstance(cause, OSError):
+            cause = cause.__cause__
+        reason = " ".join(str(cause).split())
+        reason = reason if len(reason) <= 240 else "..." + reason[-240:]  # the OS error comes last
+        steps = finished_steps(directory)
+        intact = f"the checkpoint at step {steps[-1]} is intact" if steps else "there is no earlier checkpoint"
+        raise UserError(f"writing a checkpoint in {directory} failed ({type(cause).__name__}: {reason}); {intact}: "
+                        "free some space (or fix the folder) and rerun the same command to resume") from e

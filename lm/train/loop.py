@@ -223,13 +223,15 @@ def restore_params(config: ml_collections.ConfigDict, experiment: Experiment, wo
     state_shapes, _ = abstract_state(init_boxed, jax.random.key(config.seed), mesh, rules)
     directory = checkpoint_directory(config, workdir)
     checkpointer = Checkpointer(directory, config.train.keep_checkpoints)
-    step = checkpointer.latest_step() if step is None else step
-    if step is None:
-        raise UserError(f"no checkpoint in {directory}: train first with lm.main")
-    checkpointer.check_compatible(state_shapes)
-    params = checkpointer.restore(step, state_shapes).params
-    checkpointer.close()
-    return params
+    try:
+        if step is None:
+            restored = checkpointer.restore_latest(state_shapes, fallback=False)
+            if restored is None:
+                raise UserError(f"no checkpoint in {directory}: train first with lm.main")
+            return restored[1].params
+        return checkpointer.restore_checked(step, state_shapes).params
+    finally:
+        checkpointer.close()
 
 
 def build(config: ml_collections.ConfigDict, devices: list[jax.Device] | None):
@@ -313,18 +315,17 @@ def train(
         if tcfg.checkpoint_dir and "://" not in checkpoints:  # (the workdir's own was checked above)
             prepare_directory(checkpoints, "--config.train.checkpoint_dir")
         checkpointer = Checkpointer(checkpoints, tcfg.keep_checkpoints)
-        checkpointer.check_compatible(state_shapes)
+        restored = checkpointer.restore_latest(state_shapes, tcfg.restore_fallback)
         # Every check has passed: from here on the workdir is written to.
         if is_primary():
             (workdir_path / CONFIG_FILE).write_text(config.to_json_best_effort(indent=2))
             experiment.save_assets(workdir_path)
 
-        start_step = checkpointer.latest_step()
-        if start_step is None:
+        if restored is None:
             state = init_state(init_boxed, init_rng, state_shardings)
             start_step = 0
         else:
-            state = checkpointer.restore(start_step, state_shapes)
+            start_step, state = restored
             if is_primary():
                 truncate_log(workdir_path / METRICS_FILE, start_step)
             print(f"resumed from step {start_step} in {workdir_path}")

@@ -31,6 +31,9 @@ def train_options(**overrides) -> ml_collections.ConfigDict:
     # Where checkpoints go; "" = <workdir>/checkpoints. A gs:// path (Orbax writes it directly) or a
     # mounted Google Drive folder keeps them when a Colab runtime or a preemptible VM goes away.
     options.checkpoint_dir = ""
+    # A latest checkpoint that cannot be read stops the run with a message; True resumes from the one
+    # before it instead (the damaged one is kept, renamed <step>.corrupt).
+    options.restore_fallback = False
     # A step whose loss or gradients are NaN/Inf never updates the weights; then "stop": end the run
     # with a message (nothing saved after that step); "skip": go on and count it (skipped_steps).
     options.on_nonfinite = "stop"
