@@ -4,6 +4,7 @@ train exactly as one process with 8 devices, and their checkpoint restores on ot
 import json
 import os
 import pathlib
+import signal
 import socket
 import subprocess
 import sys
@@ -77,6 +78,34 @@ def test_two_processes_match_one_and_restore_on_other_meshes(tmp_path, data_dir,
                     jax.tree.leaves(restore_params(test_config, experiment, single)), strict=True):
         assert len(a.devices()) == 1
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+
+
+def test_sigterm_to_one_process_stops_both_after_the_same_step(tmp_path, data_dir):
+    """Preemption may reach the hosts at different moments: they agree (every log_every steps) and
+    all save the same step, then exit 128 + SIGTERM."""
+    workdir = tmp_path / "run"
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "PYTHON": sys.executable,
+           "COORDINATOR": f"localhost:{free_port()}", "NUM_NODES": "2"}
+    processes = [
+        subprocess.Popen(
+            ["bash", "launch/multinode.sh", "--config=configs/gpt_shakespeare.py:test", f"--workdir={workdir}",
+             "--config.train.num_steps=100000", "--config.train.log_every=2", "--config.eval.every=100000",
+             "--config.train.checkpoint_every=100000"],
+            cwd=REPO, env={**env, "NODE_RANK": str(i)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for i in range(2)
+    ]
+    for line in processes[0].stdout:
+        if line.startswith("step      4 | loss"):
+            processes[0].send_signal(signal.SIGTERM)  # process 1 gets nothing
+            break
+    outputs = [p.communicate(timeout=300) for p in processes]
+    saved = []
+    for p, (_, err) in zip(processes, outputs, strict=True):
+        assert p.returncode == 128 + signal.SIGTERM, err[-3000:]
+        saved.append(int(err.split("SIGTERM: saved a checkpoint at step ")[1].split(";")[0]))
+    assert saved[0] == saved[1] and saved[0] % 2 == 0 and saved[0] >= 4
+    assert [p.name for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()] == [str(saved[0])]
 
 
 def test_single_process_never_initializes(monkeypatch):

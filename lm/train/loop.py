@@ -3,7 +3,8 @@
 train(config, workdir) builds the experiment named by config.experiment, the mesh and the sharded
 state; resumes from the latest checkpoint in workdir if there is one (on any mesh: the data position
 is the step); then runs jitted train steps with periodic logging, evaluation and asynchronous
-checkpoints. SIGTERM saves a checkpoint and stops. With several processes (lm.distributed) each
+checkpoints. SIGTERM or SIGINT saves a checkpoint and stops; a NaN/Inf loss or gradient never
+updates the weights (train.on_nonfinite: stop or skip). With several processes (lm.distributed) each
 loads only its rows of every batch, all of them save the checkpoints together, and process 0 alone
 writes the logs and results.
 """
