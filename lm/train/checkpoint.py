@@ -122,6 +122,18 @@ def finished_steps(directory) -> list[int]:
     return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit()) if directory.exists() else []
 
 
+def os_error_in(error: BaseException) -> BaseException:
+    """The exception in error's chain that carries the operating system's reason (an OSError, or
+    TensorStore's error text with an os_error_code), else the innermost one."""
+    chain = [error]
+    while (following := chain[-1].__cause__ or chain[-1].__context__) is not None and following not in chain:
+        chain.append(following)
+    for candidate in chain:
+        if isinstance(candidate, OSError) or "os_error_code" in str(candidate) or "Errno" in str(candidate):
+            return candidate
+    return chain[-1]
+
+
 @contextlib.contextmanager
 def save_errors(directory):
     """Turns a failed checkpoint write into a one-line UserError that says what is still intact."""
@@ -130,9 +142,7 @@ def save_errors(directory):
     except UserError:
         raise
     except Exception as e:  # noqa: BLE001 (the write's OSError arrives wrapped in Orbax's own errors)
-        cause = e
-        while cause.__cause__ is not None and not isinstance(cause, OSError):
-            cause = cause.__cause__
+        cause = os_error_in(e)
         reason = " ".join(str(cause).split())
         reason = reason if len(reason) <= 240 else "..." + reason[-240:]  # the OS error comes last
         steps = finished_steps(directory)
