@@ -22,6 +22,7 @@ import itertools
 import json
 import pathlib
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -35,6 +36,7 @@ from lm.runs import RESULTS_FILE
 
 SWEEP_FILE = "sweep.json"
 LOG_FILE = "train.log"  # an arm's lm.main output
+STOPPED_EXIT_CODES = (128 + signal.SIGTERM, 128 + signal.SIGINT)  # lm.main saved a checkpoint, then stopped
 
 _CONFIG = flags.DEFINE_string("config", None, "Config file and variant, e.g. configs/gpt_shakespeare.py:baby")
 _SWEEP = flags.DEFINE_multi_string("sweep", [], "An axis: key=value1,value2,... (repeat for a grid).")
@@ -166,10 +168,12 @@ def run_sweep(spec: str, axes: dict[str, list[str]], overrides: dict[str, str], 
         print(f"start {arm.name}", flush=True)
         code = runner(spec, {**overrides, **arm.overrides}, arm.workdir)
         with lock:
-            if code != 0:
+            if code in STOPPED_EXIT_CODES or (code == 0 and not is_finished(arm)):
+                arm.status = "interrupted"  # a checkpoint was saved: rerunning the sweep resumes it
+            elif code != 0:
                 arm.status = f"failed (exit {code})"
             else:
-                arm.status = "finished" if is_finished(arm) else "interrupted"
+                arm.status = "finished"
             write_record(workdir, spec, axes, overrides, arms)
         print(f"{arm.status:<9} {arm.name}" + ("" if code == 0 else f" (see {arm.workdir / LOG_FILE})"), flush=True)
 

@@ -99,21 +99,23 @@ def test_finished_arms_are_skipped_and_the_others_run(tmp_path):
         arm[seed].mkdir(parents=True)
         (arm[seed] / "results.json").write_text(json.dumps({"step": step}))
     arm[2].mkdir()  # seed 2 was interrupted: a folder (checkpoints) but no results.json
-    runner = RecordingRunner(exit_codes={"seed=3": 1})
-    arms = sweep.run_sweep(TEST_CONFIG, {"seed": ["0", "1", "2", "3"]}, {"train.num_steps": "4"}, workdir,
+    runner = RecordingRunner(exit_codes={"seed=3": 1, "seed=4": 143})  # 143: SIGTERM, checkpoint saved
+    arms = sweep.run_sweep(TEST_CONFIG, {"seed": ["0", "1", "2", "3", "4"]}, {"train.num_steps": "4"}, workdir,
                            runner=runner)
-    assert [call[2] for call in runner.calls] == ["seed=1", "seed=2", "seed=3"]
+    assert [call[2] for call in runner.calls] == ["seed=1", "seed=2", "seed=3", "seed=4"]
     assert runner.calls[0] == (TEST_CONFIG, {"train.num_steps": "4", "seed": "1"}, "seed=1")
-    assert [a.status for a in arms] == ["skipped (finished earlier)", "finished", "finished", "failed (exit 1)"]
+    assert [a.status for a in arms] == ["skipped (finished earlier)", "finished", "finished", "failed (exit 1)",
+                                        "interrupted"]
     record = json.loads((workdir / "sweep.json").read_text())
-    assert record["config"] == TEST_CONFIG and record["axes"] == {"seed": [0, 1, 2, 3]}
+    assert record["config"] == TEST_CONFIG and record["axes"] == {"seed": [0, 1, 2, 3, 4]}
     assert record["overrides"] == {"train.num_steps": 4}
     assert [(a["name"], a["status"], a["workdir"]) for a in record["arms"]] == [
         (a.name, a.status, str(a.workdir)) for a in arms]
 
     runner = RecordingRunner()
-    sweep.run_sweep(TEST_CONFIG, {"seed": ["0", "1", "2", "3"]}, {"train.num_steps": "4"}, workdir, runner=runner)
-    assert [call[2] for call in runner.calls] == ["seed=3"]  # only the failed arm is left
+    sweep.run_sweep(TEST_CONFIG, {"seed": ["0", "1", "2", "3", "4"]}, {"train.num_steps": "4"}, workdir,
+                    runner=runner)
+    assert [call[2] for call in runner.calls] == ["seed=3", "seed=4"]  # the failed and the interrupted arm
 
 
 def test_sweep_file(tmp_path):
