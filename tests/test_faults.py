@@ -74,3 +74,29 @@ def test_empty_or_undecodable_data(tmp_path, content, fragment):
     result = run("lm.main", CONFIG, f"--workdir={workdir}", env={"LM_DATA_DIR": str(data)})
     assert_user_error(result, str(data / "tinyshakespeare" / "input.txt"), fragment)
     assert not workdir.exists() or not any(workdir.iterdir())
+
+
+def test_damaged_translation_and_image_files_are_named(tmp_path, monkeypatch):
+    import gzip
+
+    from lm.data import images, translation
+    from lm.errors import UserError
+
+    monkeypatch.setenv("LM_DATA_DIR", str(tmp_path))
+    (tmp_path / "multi30k").mkdir()
+    (tmp_path / "multi30k" / "val.de.gz").write_bytes(b"not gzip at all")
+    (tmp_path / "multi30k" / "val.en.gz").write_bytes(gzip.compress(b"A dog.\n"))
+    with pytest.raises(UserError, match=r"val.de.gz cannot be read as gzipped UTF-8 text \(BadGzipFile"):
+        translation.load_pairs("val")
+    (tmp_path / "multi30k" / "val.de.gz").write_bytes(gzip.compress(b""))
+    with pytest.raises(UserError, match=r"val.de.gz is empty"):
+        translation.load_pairs("val")
+
+    (tmp_path / "cifar10").mkdir()
+    (tmp_path / "cifar10" / "test.npz").write_bytes(b"PK\x03\x04 truncated")
+    images.load_cifar10.cache_clear()
+    try:
+        with pytest.raises(UserError, match=r"test.npz cannot be read as a CIFAR-10 .npz"):
+            images.load_cifar10("test")
+    finally:
+        images.load_cifar10.cache_clear()

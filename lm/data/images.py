@@ -19,6 +19,7 @@ import functools
 import os
 import pickle
 import tarfile
+import zipfile
 
 import grain
 import numpy as np
@@ -92,8 +93,12 @@ def load_cifar10(split: str) -> tuple[np.ndarray, np.ndarray]:
                 raise UserError(f"{missing}; {found}; {no_archive}") from None
         images, labels = found
     else:
-        with np.load(path) as arrays:
-            images, labels = arrays["x"], arrays["y"].astype(np.int32)
+        try:
+            with np.load(path) as arrays:
+                images, labels = arrays["x"], arrays["y"].astype(np.int32)
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+            raise UserError(f"{path} cannot be read as a CIFAR-10 .npz with arrays x and y ({type(e).__name__}: "
+                            f"{e}); replace it (see shared/data/README.md)") from e
     if images.shape[1:] != (32, 32, 3) or images.dtype != np.uint8 or labels.shape != images.shape[:1]:
         raise UserError(f"CIFAR-10 {split}: expected x (N, 32, 32, 3) uint8 and y (N,), got x {images.shape} "
                         f"{images.dtype} and y {labels.shape}")

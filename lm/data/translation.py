@@ -48,11 +48,18 @@ MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/t
 
 
 def read_lines(path: pathlib.Path) -> list[str]:
-    """The lines of a gzipped UTF-8 file, split on '\\n' only (no other Unicode line breaks)."""
-    with gzip.open(path, "rt", encoding="utf-8", newline="") as f:
-        lines = f.read().split("\n")
+    """The lines of a gzipped UTF-8 file, split on '\\n' only (no other Unicode line breaks); a file
+    that is not gzipped UTF-8 text, or holds no lines, is a UserError naming it."""
+    try:
+        with gzip.open(path, "rt", encoding="utf-8", newline="") as f:
+            lines = f.read().split("\n")
+    except (OSError, EOFError, UnicodeDecodeError) as e:  # gzip.BadGzipFile is an OSError
+        raise UserError(f"{path} cannot be read as gzipped UTF-8 text ({type(e).__name__}: {e}); replace it "
+                        "with the Multi30k file (see shared/data/README.md)") from e
     if lines and lines[-1] == "":
         lines.pop()  # the file's final newline
+    if not lines:
+        raise UserError(f"{path} is empty; replace it with the Multi30k file (see shared/data/README.md)")
     return lines
 
 
