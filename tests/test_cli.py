@@ -90,7 +90,8 @@ def test_checkpoint_of_another_model_shape_is_refused_untouched(trained_run):
 
 def test_sampling_from_a_checkpoint(trained_run):
     _, workdir, _ = trained_run
-    result = run("lm.sample", f"--workdir={workdir}", "--prompt=ROMEO:", "--max_new_tokens=40", "--top_k=5")
+    relative = os.path.relpath(workdir, REPO)  # as a user types it (run() starts in the repository)
+    result = run("lm.sample", f"--workdir={relative}", "--prompt=ROMEO:", "--max_new_tokens=40", "--top_k=5")
     assert result.returncode == 0, result.stderr[-2000:]
     text = result.stdout.rstrip("\n")
     assert text.startswith("ROMEO:") and len(text) >= len("ROMEO:") + 30  # a trailing newline may be sampled

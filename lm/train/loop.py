@@ -209,9 +209,10 @@ def checkpoint_directory(config: ml_collections.ConfigDict, workdir: pathlib.Pat
     """config.train.checkpoint_dir (a local path, or a URL such as gs://bucket/run for Orbax), or
     by default workdir/checkpoints."""
     chosen = config.train.get("checkpoint_dir", "")  # runs written before the option have none
-    if not chosen:
-        return str(workdir / "checkpoints")
-    return chosen if "://" in chosen else str(pathlib.Path(chosen).expanduser().absolute())
+    if "://" in chosen:
+        return chosen
+    local = pathlib.Path(chosen).expanduser() if chosen else pathlib.Path(workdir) / "checkpoints"
+    return str(local.absolute())  # Orbax wants absolute paths
 
 
 def restore_params(config: ml_collections.ConfigDict, experiment: Experiment, workdir: pathlib.Path,
