@@ -11,6 +11,7 @@ import sys
 
 import jax
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 from lm.errors import UserError
 
@@ -36,15 +37,8 @@ class Checkpointer:
             item_handlers={"state": ocp.StandardCheckpointHandler()},
         )
 
-    def latest_step(self) -> int | None:
-        return self.manager.latest_step()
-
-    def check_compatible(self, abstract_state, step: int | None = None) -> None:
-        """Raises UserError when the checkpoint at step (default: the latest) holds arrays of other
-        shapes than this model's."""
-        step = self.latest_step() if step is None else step
-        if step is None:
-            return
+    def check_compatible(self, abstract_state, step: int) -> None:
+        """Raises UserError when the checkpoint at step holds arrays of other shapes than this model's."""
         saved = self.manager.item_metadata(step)["state"]
         saved_shapes = {path_name(path): tuple(leaf.shape) for path, leaf in jax.tree_util.tree_leaves_with_path(saved)}
         for path, leaf in jax.tree_util.tree_leaves_with_path(abstract_state):
@@ -86,7 +80,9 @@ class Checkpointer:
                     raise UserError(f"{e}; pass --config.train.restore_fallback=True to resume from the one "
                                     "before it (this one is kept, renamed), or move it out of the way") from e
                 aside = self.manager.directory / f"{step}.corrupt"
-                (self.manager.directory / str(step)).rename(aside)
+                if jax.process_index() == 0:  # one process moves it; the others wait for that
+                    (self.manager.directory / str(step)).rename(aside)
+                multihost_utils.sync_global_devices(f"set aside checkpoint {step}")
                 self.manager.reload()
                 print(f"warning: {e}; moved it to {aside} and trying the one before", file=sys.stderr)
         return None
@@ -110,6 +106,8 @@ class Checkpointer:
 
 
 class CorruptCheckpoint(Exception):
+    """A checkpoint whose files cannot be read (as opposed to one of another model: a UserError)."""
+
     def __init__(self, step: int, directory, cause: Exception):
         reason = " ".join(str(cause).split())[:200]
         super().__init__(f"the checkpoint at step {step} in {directory} cannot be read ({type(cause).__name__}: "
