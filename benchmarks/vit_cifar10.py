@@ -49,15 +49,14 @@ def main(argv):
     import jax
 
     from lm import sharding
-    from lm.train.loop import abstract_state, build, count_params, init_state, jit_train_step
+    from lm.train.loop import abstract_state, build, count_params, init_state, jit_train_step, process_train_data
 
     config = _CONFIG.value
     batch_size = config.train.batch_size
     mesh, rules, experiment, optimizer, init_boxed = build(config, devices=None)
 
     # 1. The pipeline alone.
-    shard = sharding.process_batch_shard(mesh)
-    pipeline = iter(experiment.train_data(batch_size // shard[1], config.seed, shard, 0))
+    pipeline = iter(process_train_data(config, experiment, mesh, 0))
     pipeline_rate = images_per_second(lambda: next(pipeline), _BATCHES.value, batch_size)
 
     # 2. The train step alone, as the trainer builds it.

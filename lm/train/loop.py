@@ -205,6 +205,13 @@ def jit_train_step(config: ml_collections.ConfigDict, experiment: Experiment, op
     )
 
 
+def process_train_data(config: ml_collections.ConfigDict, experiment: Experiment, mesh, start_step: int):
+    """This process's rows of every global training batch from batch number start_step on (see
+    Experiment.train_data); sharding.assemble_batch makes global arrays of them."""
+    shard = sharding.process_batch_shard(mesh)
+    return experiment.train_data(config.train.batch_size // shard[1], config.seed, shard, start_step)
+
+
 def checkpoint_directory(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> str:
     """config.train.checkpoint_dir (a local path, or a URL such as gs://bucket/run for Orbax), or
     by default workdir/checkpoints."""
@@ -258,8 +265,7 @@ def dry_run(config: ml_collections.ConfigDict, devices: list[jax.Device] | None 
     here, before any accelerator time is spent."""
     tcfg = config.train
     mesh, rules, experiment, optimizer, init_boxed = build(config, devices)
-    shard = sharding.process_batch_shard(mesh)
-    host_batch = next(iter(experiment.train_data(tcfg.batch_size // shard[1], config.seed, shard, 0)))
+    host_batch = next(iter(process_train_data(config, experiment, mesh, 0)))
     batch_sharding = sharding.batch_sharding(mesh)
     batch_shapes = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct((tcfg.batch_size, *x.shape[1:]), x.dtype, sharding=batch_sharding), host_batch
@@ -331,8 +337,7 @@ def train(
             if is_primary():
                 truncate_log(workdir_path / METRICS_FILE, start_step)
             print(f"resumed from step {start_step} in {workdir_path}")
-        shard = sharding.process_batch_shard(mesh)
-        train_iter = iter(experiment.train_data(tcfg.batch_size // shard[1], config.seed, shard, start_step))
+        train_iter = iter(process_train_data(config, experiment, mesh, start_step))
         if start_step >= tcfg.num_steps and (workdir_path / RESULTS_FILE).is_file():
             checkpointer.close()
             print(f"already trained to step {start_step} (train.num_steps={tcfg.num_steps}); nothing to do")
