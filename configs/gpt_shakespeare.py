@@ -39,6 +39,7 @@ def get_config(variant: str = "baby") -> ml_collections.ConfigDict:
     config.model.tie_embeddings = True
     config.model.vocab_multiple = 64  # pad the vocabulary so it divides the 'tensor' mesh axis
     config.model.scale_embeddings = False  # token embeddings times sqrt(D) (Vaswani et al. 3.4)
+    config.model.loss_chunk = 0  # positions per cross-entropy chunk (0: the whole (B, T, V) logits at once)
 
     config.optimizer = optimizer_options(min_learning_rate=1e-4, b2=0.99, weight_decay=0.1)
     config.train = train_options(batch_size=12, num_steps=2000, log_every=50)  # batch_size in windows

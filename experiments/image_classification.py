@@ -25,6 +25,7 @@ from lm.data import images
 from lm.distributed import is_primary
 from lm.errors import UserError
 from lm.layers.moe import moe_objective, parameter_counts
+from lm.layers.transformer import sown_per_layer
 from lm.models.config import transformer_config
 from lm.models.vit import ViT, ViTConfig, flops_per_image, stack_position
 from lm.plots import save_confusion_matrix, save_image_attention
@@ -147,10 +148,10 @@ class ImageClassification:
         image, less what [CLS] keeps from itself."""
         _, sown = self.model.apply({"params": params}, images.normalize(image), capture_weights=True,
                                    mutable=["intermediates"])
-        layers = {}  # block index -> (B, T, T), mean over heads
+        layers = {}  # layer index -> (B, T, T), mean over heads
         for path, (weights,) in flax.traverse_util.flatten_dict(sown["intermediates"]).items():
-            block = next(name for name in path if name.startswith("block_"))
-            layers[int(block.removeprefix("block_"))] = np.asarray(weights, np.float64).mean(axis=1)
+            for layer, layer_weights in sown_per_layer(path, weights, self.model.config.transformer):
+                layers[layer] = np.asarray(layer_weights, np.float64).mean(axis=1)
         rollout = attention_rollout([layers[i] for i in sorted(layers)])
         cfg = self.model.config
         pooled = rollout[:, 0, 1:] if cfg.pool == "cls" else rollout.mean(axis=1)  # (B, N)

@@ -1,4 +1,5 @@
-"""Language modelling: next-token prediction with a GPT on a character-level corpus."""
+"""Language modelling: next-token prediction with a GPT on a character-level corpus, a pre-tokenised
+token file (nanoGPT's train.bin / val.bin) or synthetic random ids (for throughput runs)."""
 
 import pathlib
 
@@ -6,15 +7,16 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 
-from lm.data import text
+from lm.data import text, tokens
+from lm.errors import UserError
 from lm.generate import generate
 from lm.layers.moe import moe_objective, parameter_counts
 from lm.models.config import transformer_config
 from lm.models.gpt import GPT, GPTConfig, flops_per_token
 
 TOKENIZER_FILE = "tokenizer.json"
+TOKEN_SOURCES = ("token_file", "synthetic")  # data.dataset values that give token ids, no tokenizer
 
 
 def gpt_config(config: ml_collections.ConfigDict, vocab_size: int) -> GPTConfig:
@@ -25,6 +27,7 @@ def gpt_config(config: ml_collections.ConfigDict, vocab_size: int) -> GPTConfig:
         tie_embeddings=config.model.tie_embeddings,
         vocab_multiple=config.model.vocab_multiple,
         scale_embeddings=config.model.scale_embeddings,
+        loss_chunk=config.model.get("loss_chunk", 0),  # (runs saved before the option: 0)
     )
 
 
@@ -34,15 +37,19 @@ class LanguageModel:
     def __init__(
         self,
         config: ml_collections.ConfigDict,
-        tokenizer: text.CharTokenizer,
+        tokenizer: text.CharTokenizer | None,
         train_tokens: np.ndarray | None = None,
         val_tokens: np.ndarray | None = None,
     ):
+        """tokenizer: the character vocabulary of a text corpus, or None for token ids (a token file,
+        synthetic), whose vocabulary is data.vocab_size. train_tokens, val_tokens: (N,) ids (memory-
+        mapped for a token file; None for synthetic ids and for sampling)."""
         self.config = config
         self.tokenizer = tokenizer
         self.train_tokens = train_tokens
         self.val_tokens = val_tokens
-        self.model = GPT(gpt_config(config, tokenizer.vocab_size))
+        self.vocab_size = config.data.vocab_size if tokenizer is None else tokenizer.vocab_size
+        self.model = GPT(gpt_config(config, self.vocab_size))
         self.units_per_example = config.data.context_length
 
     def init(self, rng: jax.Array) -> dict:
@@ -51,10 +58,11 @@ class LanguageModel:
 
     def loss(self, params, batch, rng, train: bool):
         """Cross-entropy plus the weighted mixture-of-experts auxiliary losses (zero when dense)."""
-        logits, collections = self.model.apply(
-            {"params": params}, batch["inputs"], train=train, rngs={"dropout": rng}, mutable=["moe"]
-        )  # (B, T, V)
-        cross_entropy = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"]).mean()
+        token_losses, collections = self.model.apply(
+            {"params": params}, batch["inputs"], train=train, targets=batch["targets"], rngs={"dropout": rng},
+            mutable=["moe"],
+        )  # (B, T), in chunks of model.loss_chunk positions
+        cross_entropy = token_losses.mean()
         moe = self.config.model.moe
         aux_loss, moe_metrics = moe_objective(
             collections.get("moe", {}), moe.load_balance_weight, moe.router_z_weight
@@ -62,15 +70,27 @@ class LanguageModel:
         return cross_entropy + aux_loss, {"cross_entropy": cross_entropy, **moe_metrics}
 
     def train_data(self, batch_size: int, seed: int, shard: tuple[int, int], start_step: int):
-        return text.train_windows(
-            self.train_tokens, self.config.data.context_length, batch_size, seed, shard, start_step
-        )
+        length, dataset = self.config.data.context_length, self.config.data.dataset
+        if dataset == "synthetic":
+            return tokens.SyntheticBatches(self.vocab_size, length, batch_size, seed, shard, start_step)
+        if dataset == "token_file":
+            return tokens.train_windows(
+                self.train_tokens, length, batch_size, seed, shard, start_step, self.vocab_size
+            )
+        return text.train_windows(self.train_tokens, length, batch_size, seed, shard, start_step)
 
     def eval_data(self):
-        e = self.config.eval
-        return text.eval_windows(
-            self.val_tokens, self.config.data.context_length, e.batch_size, e.num_batches, seed=0
-        )
+        return self.val_windows(self.config.data.context_length)
+
+    def val_windows(self, length: int) -> list[dict[str, np.ndarray]]:
+        """The fixed eval batches (eval.batch_size x eval.num_batches) of windows of length: from the val
+        split, or random ids for synthetic data."""
+        e, dataset = self.config.eval, self.config.data.dataset
+        if dataset == "synthetic":
+            return tokens.synthetic_eval(self.vocab_size, length, e.batch_size, e.num_batches)
+        if dataset == "token_file":
+            return tokens.eval_windows(self.val_tokens, length, e.batch_size, e.num_batches, self.vocab_size)
+        return text.eval_windows(self.val_tokens, length, e.batch_size, e.num_batches, seed=0)
 
     def eval_weight(self, batch) -> jax.Array:
         return jnp.asarray(batch["targets"].size, jnp.float32)  # every batch has the same tokens
@@ -82,10 +102,13 @@ class LanguageModel:
         return flops_per_token(self.model.config, active_params) * self.config.data.context_length
 
     def save_assets(self, workdir: pathlib.Path) -> None:
-        self.tokenizer.save(workdir / TOKENIZER_FILE)
+        if self.tokenizer is not None:  # token ids: nothing to decode them with
+            self.tokenizer.save(workdir / TOKENIZER_FILE)
 
     def sample(self, params, prompt: str, max_new_tokens: int, temperature: float, top_k: int,
                seed: int = 0) -> str:
+        if self.tokenizer is None:
+            raise UserError(no_tokenizer(self.config))
         prompt_ids = self.tokenizer.encode(prompt)[None]  # (1, P)
         ids = generate(
             self.model, params, prompt_ids, max_new_tokens, jax.random.key(seed), temperature, top_k
@@ -93,6 +116,8 @@ class LanguageModel:
         return self.tokenizer.decode(ids[0])
 
     def texts(self, params) -> dict[str, str]:
+        if self.tokenizer is None:
+            return {}  # token ids: no text to show
         s = self.config.sample
         return {"sample": self.sample(params, s.prompt, s.max_new_tokens, s.temperature, s.top_k)}
 
@@ -100,26 +125,56 @@ class LanguageModel:
         """Val cross-entropy in windows of each eval.context_lengths, e.g. twice the training length to
         see which positions extrapolate: 'val_cross_entropy_ctx128'. Learned positions have no table
         rows past the training length, so longer lengths are left out for them. (The corpus has no test
-        split; benchmarks/gpt_baby.py reports the loss over the whole val split.)"""
+        split; benchmarks/gpt_baby.py reports the loss over the whole val split.) Empty for synthetic ids."""
         e, trained_length = self.config.eval, self.config.data.context_length
         results = {}
+        if self.config.data.dataset == "synthetic":
+            return results
         for length in e.context_lengths:
             if self.config.model.position == "learned" and length > trained_length:
                 print(f"val at context {length}: left out, learned positions stop at {trained_length}")
                 continue
-            batches = text.eval_windows(self.val_tokens, length, e.batch_size, e.num_batches, seed=0)
+            batches = self.val_windows(length)
             results[f"val_cross_entropy_ctx{length}"] = evaluate(batches)["cross_entropy"]
         return results
 
 
 def build(config: ml_collections.ConfigDict) -> LanguageModel:
-    """Reads the corpus, fits the character vocabulary and splits train/val."""
-    corpus = text.load_text(config.data.dataset)
-    tokenizer = text.CharTokenizer.fit(corpus)
-    train_tokens, val_tokens = text.split_tokens(tokenizer.encode(corpus), config.data.train_fraction)
-    return LanguageModel(config, tokenizer, train_tokens, val_tokens)
+    """By data.dataset: a text corpus (tinyshakespeare) is read, its character vocabulary fitted and
+    split train/val; a token file memory-maps data.train_file and data.val_file (data.token_dtype
+    ids, each < data.vocab_size); synthetic reads nothing (random ids < data.vocab_size)."""
+    d = config.data
+    if d.dataset in text.DATASETS:
+        corpus = text.load_text(d.dataset)
+        tokenizer = text.CharTokenizer.fit(corpus)
+        train_tokens, val_tokens = text.split_tokens(tokenizer.encode(corpus), d.train_fraction)
+        return LanguageModel(config, tokenizer, train_tokens, val_tokens)
+    if d.dataset not in TOKEN_SOURCES:
+        raise UserError(f"data.dataset={d.dataset!r}: use one of {', '.join([*text.DATASETS, *TOKEN_SOURCES])}")
+    vocab_size = d.get("vocab_size")
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+        raise UserError(f"data.dataset={d.dataset!r} needs data.vocab_size, the model's vocabulary (a positive "
+                        f"int, e.g. 50257 for GPT-2 BPE), not {vocab_size!r}")
+    if d.dataset == "synthetic":
+        return LanguageModel(config, None)
+    opened = []
+    for field in ("train_file", "val_file"):
+        if not d.get(field):
+            raise UserError(f"data.dataset='token_file' needs data.{field}: a file of token ids, absolute or "
+                            "relative to $LM_DATA_DIR")
+        opened.append(tokens.open_tokens(d[field], d.get("token_dtype", "uint16"), d.context_length,
+                                         vocab_size, f"data.{field}"))
+    return LanguageModel(config, None, *opened)
+
+
+def no_tokenizer(config: ml_collections.ConfigDict) -> str:
+    return (f"this run was trained on token ids (data.dataset={config.data.dataset!r}) and has no tokenizer "
+            "to decode text: sampling needs a run trained on text (data.dataset='tinyshakespeare')")
 
 
 def from_workdir(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> LanguageModel:
-    """The experiment for sampling: tokenizer from the workdir, no corpus needed."""
+    """The experiment for sampling: tokenizer from the workdir, no corpus needed. A run trained on
+    token ids has no tokenizer: a UserError."""
+    if config.data.dataset in TOKEN_SOURCES:
+        raise UserError(f"{workdir}: {no_tokenizer(config)}")
     return LanguageModel(config, text.CharTokenizer.load(workdir / TOKENIZER_FILE))

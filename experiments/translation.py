@@ -26,6 +26,7 @@ from lm.data.bleu import corpus_bleu, tokenized_bleu
 from lm.distributed import is_primary
 from lm.errors import UserError
 from lm.layers.moe import moe_objective, parameter_counts
+from lm.layers.transformer import sown_per_layer
 from lm.models.config import compute_dtype, transformer_config
 from lm.models.seq2seq import Seq2Seq, Seq2SeqConfig
 from lm.models.transformer import EncoderDecoder, EncoderDecoderConfig
@@ -187,8 +188,8 @@ class Translation:
             layers = {}  # layer index -> (T, S)
             for path, (weights,) in sown.items():  # weights (1, H, T, S)
                 if path[0] == "decoder" and "cross_attention" in path:
-                    block = next(name for name in path if name.startswith("block_"))
-                    layers[int(block.removeprefix("block_"))] = np.asarray(weights[0]).mean(axis=0)
+                    for layer, layer_weights in sown_per_layer(path, weights, self.model.config.transformer):
+                        layers[layer] = np.asarray(layer_weights[0]).mean(axis=0)
             maps = {f"decoder layer {i + 1}": layers[i] for i in sorted(layers)}
         return (self.source_tokenizer.id_pieces(source_ids), self.target_tokenizer.id_pieces(output),
                 {title: weights.astype(np.float32) for title, weights in maps.items()})

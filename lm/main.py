@@ -3,7 +3,8 @@
   python -m lm.main --config=configs/gpt_shakespeare.py:baby --workdir=runs/baby \
       [--config.model.norm_position=post ...]
 
-Rerunning the same command resumes from the latest checkpoint in --workdir. With --dry_run it builds
+Rerunning the same command resumes from the latest checkpoint in --workdir (and compiles again, unless
+--config.train.compilation_cache_dir=DIR keeps the compiled programs for it). With --dry_run it builds
 the mesh, compiles the train step and prints parameters, per-device memory and FLOPs per step, then
 exits without training or writing anything.
 

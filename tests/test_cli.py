@@ -12,8 +12,9 @@ CONFIG = "--config=configs/gpt_shakespeare.py:test"
 
 
 def run(module, *args, env=None):
+    """module's command line in a subprocess; env adds variables to this one's (None: leaves it out)."""
     base = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as a user has
-    env = {**base, "JAX_PLATFORMS": "cpu", **(env or {})}
+    env = {k: v for k, v in {**base, "JAX_PLATFORMS": "cpu", **(env or {})}.items() if v is not None}
     return subprocess.run(
         [sys.executable, "-m", module, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
     )
@@ -128,10 +129,13 @@ def test_sigterm_saves_a_checkpoint_and_the_rerun_resumes(tmp_path, data_dir):
 
 
 def test_dry_run_compiles_for_the_mesh_and_writes_nothing(tmp_path, data_dir):
-    """--dry_run on 8 fake devices: the report's lines, exit 0, and no workdir created."""
-    workdir = tmp_path / "never"
+    """--dry_run on 8 fake devices: the report's lines, exit 0, and no workdir created. The compiled
+    step goes to train.compilation_cache_dir (the suite's own cache, from the environment, left out)."""
+    workdir, cache = tmp_path / "never", tmp_path / "cache"
     result = run("lm.main", CONFIG, f"--workdir={workdir}", "--dry_run", "--config.mesh.data=2",
-                 "--config.mesh.fsdp=4", env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
+                 "--config.mesh.fsdp=4", f"--config.train.compilation_cache_dir={cache}",
+                 env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_COMPILATION_CACHE_DIR": None,
+                      "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"})
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.splitlines()
     assert any(line.startswith("dry run: mesh {'data': 2, 'fsdp': 4, 'expert': 1, 'tensor': 1} of 8 x cpu")
@@ -140,6 +144,7 @@ def test_dry_run_compiles_for_the_mesh_and_writes_nothing(tmp_path, data_dir):
                    "compile"):
         assert any(line.startswith(prefix) for line in lines), (prefix, result.stdout)
     assert not workdir.exists()
+    assert any(p.name.startswith("jit_") for p in cache.iterdir()), sorted(cache.iterdir())
 
 
 def test_dry_run_memory_shrinks_when_the_state_is_sharded(data_dir, test_config):

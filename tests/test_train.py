@@ -39,10 +39,13 @@ def test_resume_is_exact(tmp_path, data_dir, test_config):
     # The interrupted run keeps its checkpoints outside its workdir (a bucket or Drive, say).
     test_config.train.checkpoint_dir = str(tmp_path / "elsewhere")
     test_config.train.num_steps = 10  # stop half way (the schedule still ends at step 20) ...
+    test_config.train.prefetch = 0  # (and load each batch in the loop, not ahead: the same batches)
     train(test_config, str(interrupted), devices=device)
     test_config.train.num_steps = 20  # ... and rerun the same command to finish
+    test_config.train.prefetch = straight_config.train.prefetch
     train(test_config, str(interrupted), devices=device)
 
+    assert straight_config.train.prefetch == 2  # the default: batches loaded ahead by a thread
     assert logged(straight) == logged(interrupted)  # the same batches, dropout keys and updates
     assert sorted(p.name for p in (tmp_path / "elsewhere").iterdir()) == ["10", "20"]
     assert not (interrupted / "checkpoints").exists()

@@ -12,9 +12,12 @@ OFFLINE_ENV = "LM_OFFLINE"  # set to skip download attempts
 CACHE_DIR = pathlib.Path(os.environ.get("LM_CACHE_DIR", "~/.cache/lm")).expanduser()
 
 
-def find_file(relative_path: str, url: str | None = None, md5: str | None = None) -> pathlib.Path:
+def find_file(
+    relative_path: str, url: str | None = None, md5: str | None = None, how: str | None = None
+) -> pathlib.Path:
     """Returns $LM_DATA_DIR/relative_path, else a cached download of url (unless $LM_OFFLINE is set;
-    checked against md5 when given), else raises UserError naming every place it looked."""
+    checked against md5 when given), else raises UserError naming every place it looked and how to
+    provide the file (how: the end of that message; by default, see shared/data/README.md)."""
     data_dir = os.environ.get(DATA_DIR_ENV)
     looked_at = []
     if data_dir:
@@ -41,5 +44,5 @@ def find_file(relative_path: str, url: str | None = None, md5: str | None = None
             looked_at.append(f"{url} ({e})")
     raise UserError(
         f"data file {relative_path} not found (looked at: {', '.join(looked_at)}); "
-        f"set {DATA_DIR_ENV} to a folder holding {relative_path} (see shared/data/README.md)"
+        f"set {DATA_DIR_ENV} to a folder holding {relative_path} ({how or 'see shared/data/README.md'})"
     )

@@ -1,10 +1,11 @@
 """Multi-head attention: self or cross, grouped key/value heads, masks, RoPE/ALiBi, KV cache.
 
-One module serves every model. The fused path goes through `jax.nn.dot_product_attention`
-(cuDNN flash attention on GPU where it applies, XLA elsewhere). The explicit path computes the
-softmax weights itself; it runs when they are needed: dropout on the weights during training,
-or `capture_weights=True`, which sows them as 'intermediates'/'attention_weights' (B, H, T, S)
-for visualisation. Both paths give the same output.
+One module serves every model. The fused path goes through `jax.nn.dot_product_attention`, with
+the implementation `attention_implementation` picks: cuDNN's flash attention on GPU where it applies
+(bf16/fp16, head dim a multiple of 8 up to 128, no mask or bias array: causal or full attention),
+XLA's otherwise. The explicit path computes the softmax weights itself; it runs when they are
+needed: dropout on the weights during training, or `capture_weights=True`, which sows them as
+'intermediates'/'attention_weights' (B, H, T, S) for visualisation. All paths give the same output.
 """
 
 from collections.abc import Callable
@@ -14,11 +15,43 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from lm.errors import UserError
 from lm.layers.linear import Linear
 from lm.layers.partitioning import constrain
 from lm.layers.positions import alibi_bias, apply_rope
 
 ACTIVATION_AXES = ("batch", "length", "heads", "kv")
+ATTENTION_IMPLS = ("auto", "xla", "cudnn")
+CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
+
+
+def attention_implementation(requested: str, platform: str, dtype, head_dim: int, has_mask_or_bias: bool) -> str:
+    """The `jax.nn.dot_product_attention` implementation for a call: 'cudnn' or 'xla'.
+
+    auto: cuDNN flash attention where it applies (GPU, bf16/fp16, head_dim % 8 == 0 and <= 128, no
+    mask or bias array), else XLA. cudnn: the same conditions, a UserError saying which one fails.
+    xla: always XLA (any platform, any dtype).
+    """
+    if requested == "xla":
+        return "xla"
+    unmet = [
+        reason
+        for reason, failed in (
+            (f"a GPU (this is {platform})", platform != "gpu"),
+            (f"bfloat16 or float16 compute (model.compute_dtype is {jnp.dtype(dtype).name})",
+             jnp.dtype(dtype) not in CUDNN_DTYPES),
+            (f"a head dimension that is a multiple of 8 up to 128 (it is {head_dim})",
+             head_dim % 8 or head_dim > 128),
+            ("attention without a mask or bias array (padding masks, ALiBi and KV-cache decoding have one)",
+             has_mask_or_bias),
+        )
+        if failed
+    ]
+    if not unmet:
+        return "cudnn"
+    if requested == "cudnn":
+        raise UserError(f"model.attention_impl=cudnn needs {unmet[0]}; use attention_impl=auto or xla")
+    return "xla"
 
 
 def padding_mask(key_valid: jax.Array) -> jax.Array:
@@ -86,6 +119,7 @@ class MultiHeadAttention(nn.Module):
     dropout: float = 0.0  # on the attention weights
     use_bias: bool = True
     dtype: Any = jnp.float32
+    implementation: str = "auto"  # of the fused path: see attention_implementation
     kernel_init: Callable = nn.initializers.normal(0.02)
     out_kernel_init: Callable = nn.initializers.normal(0.02)
 
@@ -153,8 +187,13 @@ class MultiHeadAttention(nn.Module):
         else:
             if mask is not None:
                 mask = jnp.broadcast_to(mask, (mask.shape[0], mask.shape[1], length, k.shape[1]))
+            implementation = attention_implementation(
+                self.implementation, jax.default_backend(), q.dtype, self.head_dim,
+                mask is not None or bias is not None,
+            )
             out = jax.nn.dot_product_attention(
-                q, k, v, bias=None if bias is None else bias.astype(q.dtype), mask=mask, is_causal=use_causal_flag
+                q, k, v, bias=None if bias is None else bias.astype(q.dtype), mask=mask, is_causal=use_causal_flag,
+                implementation=implementation,
             )
         out = constrain(out, ACTIVATION_AXES)  # (B, T, H, Dh)
 

@@ -5,9 +5,21 @@ scheme, attention heads (grouped-query), dropout, initialisation and mixture-of-
 
   pre-norm   x = x + f(norm(x)) per sub-layer, one final norm after the last block (GPT-2)
   post-norm  x = norm(x + f(x)) per sub-layer, no final norm (Vaswani et al. 2017)
+
+How the stack is compiled is a config choice too, with the same numerics either way:
+  scan_layers=False  one block_<i> module per layer: XLA sees (and compiles) every layer
+  scan_layers=True   one `nn.scan` over layers: the parameters of all layers stacked on a leading
+                     'layers' axis under 'blocks', one layer body compiled (compile time no longer
+                     grows with depth). With mixture-of-experts every `moe.every` blocks, the scanned
+                     unit is that group of blocks (block_0 .. block_<every-1> under 'blocks').
+  remat              what the backward pass keeps of each block's forward activations and what it
+                     recomputes (jax.checkpoint policies), trading step time for memory:
+                     none (keep all), dots (keep matmul outputs), dots_no_batch (keep the matmuls
+                     with weights, recompute attention scores), full (keep only block inputs).
 """
 
 import dataclasses
+from collections.abc import Iterator
 from typing import Any
 
 import flax.linen as nn
@@ -15,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from lm.errors import UserError
-from lm.layers.attention import MultiHeadAttention
+from lm.layers.attention import ATTENTION_IMPLS, MultiHeadAttention
 from lm.layers.initializers import INIT_SCHEMES, initializers
 from lm.layers.mlp import MLP_KINDS, Mlp, mlp_hidden_dim
 from lm.layers.moe import MoeMlp
@@ -24,6 +36,13 @@ from lm.layers.partitioning import constrain
 from lm.layers.positions import POSITION_KINDS
 
 NORM_POSITIONS = ("pre", "post")
+REMAT_POLICIES = {
+    "none": None,
+    "dots": jax.checkpoint_policies.dots_saveable,
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "full": jax.checkpoint_policies.nothing_saveable,
+}
+SCANNED_NAME = "blocks"  # the scanned stack's module; its parameters have a leading 'layers' axis
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +72,9 @@ class TransformerConfig:
     init: str = "gpt2"  # see lm.layers.initializers
     moe: MoeConfig = MoeConfig()
     dtype: Any = jnp.float32  # compute dtype; parameters stay float32
+    attention_impl: str = "auto"  # auto | xla | cudnn (see lm.layers.attention.ATTENTION_IMPLS)
+    scan_layers: bool = False  # one nn.scan over the layers instead of one module per layer
+    remat: str = "none"  # none | dots | dots_no_batch | full: see REMAT_POLICIES
 
     def __post_init__(self):
         for field, value, allowed in [
@@ -61,6 +83,8 @@ class TransformerConfig:
             ("norm_position", self.norm_position, NORM_POSITIONS),
             ("position", self.position, POSITION_KINDS),
             ("init", self.init, INIT_SCHEMES),
+            ("attention_impl", self.attention_impl, ATTENTION_IMPLS),
+            ("remat", self.remat, tuple(REMAT_POLICIES)),
         ]:
             if value not in allowed:
                 raise UserError(f"model.{field}={value!r}: use one of {allowed}")
@@ -85,6 +109,16 @@ class TransformerConfig:
                 raise UserError(f"model.moe.every={moe.every}: use 1..num_layers={self.num_layers}")
             if moe.capacity_factor <= 0:
                 raise UserError(f"model.moe.capacity_factor={moe.capacity_factor} must be positive")
+        if self.scan_layers and self.num_layers % self.layer_period:
+            raise UserError(
+                f"model.scan_layers needs model.num_layers={self.num_layers} to be a multiple of "
+                f"model.moe.every={moe.every} (the scanned group of blocks); change one, or scan_layers=False"
+            )
+
+    @property
+    def layer_period(self) -> int:
+        """Blocks per repeating unit: moe.every with mixture-of-experts layers, else 1."""
+        return self.moe.every if self.moe.num_experts else 1
 
     @property
     def head_dim(self) -> int:
@@ -104,27 +138,27 @@ class TransformerConfig:
 
 class TransformerBlock(nn.Module):
     """Self-attention, [cross-attention to `memory`], then a dense or mixture-of-experts MLP, each
-    sub-layer with a residual and a norm. memory_mask: (B, 1, 1, S) from `padding_mask`."""
+    sub-layer with a residual and a norm. memory_mask: (B, 1, 1, S) from `padding_mask`. The array
+    arguments can be given by position, as nn.remat and nn.scan pass them."""
 
     config: TransformerConfig
     causal: bool
     use_moe: bool = False
     cross_attention: bool = False
+    train: bool = False
+    capture_weights: bool = False
 
     @nn.compact
     def __call__(
         self,
         x: jax.Array,  # (B, T, D)
-        *,
         mask: jax.Array | None = None,
         positions: jax.Array | None = None,
         cache_index: jax.Array | None = None,
         memory: jax.Array | None = None,  # (B, S, D), with cross_attention
         memory_mask: jax.Array | None = None,
-        train: bool = False,
-        capture_weights: bool = False,
     ) -> jax.Array:
-        cfg = self.config
+        cfg, train, capture_weights = self.config, self.train, self.capture_weights
         inits = cfg.inits
 
         def attention_module(name: str, causal: bool, position: str) -> MultiHeadAttention:
@@ -138,6 +172,7 @@ class TransformerBlock(nn.Module):
                 dropout=cfg.attention_dropout,
                 use_bias=cfg.use_bias,
                 dtype=cfg.dtype,
+                implementation=cfg.attention_impl,
                 kernel_init=inits.dense,
                 out_kernel_init=inits.residual,
                 name=name,
@@ -190,8 +225,39 @@ class TransformerBlock(nn.Module):
         return constrain(x, ("batch", "length", "embed"))
 
 
+def checkpointed(block: type[nn.Module], remat: str, in_scan: bool) -> type[nn.Module]:
+    """block, rematerialised with the named policy (unchanged for 'none'). Inside a scan the
+    common-subexpression guard is not needed (the loop already keeps XLA from merging recomputation
+    into the forward pass) and would only slow the step down."""
+    if remat == "none":
+        return block
+    return nn.remat(block, policy=REMAT_POLICIES[remat], prevent_cse=not in_scan)
+
+
+class BlockGroup(nn.Module):
+    """`config.layer_period` consecutive blocks (block_0, ...), the unit nn.scan repeats: one block,
+    or with mixture-of-experts every k-th layer the k blocks that end in a MoE block. A scan body:
+    (x, *broadcast arrays) -> (x, None)."""
+
+    config: TransformerConfig
+    causal: bool
+    cross_attention: bool = False
+    train: bool = False
+    capture_weights: bool = False
+
+    @nn.compact
+    def __call__(self, x, mask, positions, cache_index, memory, memory_mask):
+        cfg = self.config
+        for j in range(cfg.layer_period):
+            x = TransformerBlock(cfg, self.causal, cfg.is_moe_block(j), self.cross_attention, self.train,
+                                 self.capture_weights, name=f"block_{j}")(
+                x, mask, positions, cache_index, memory, memory_mask)
+        return x, None
+
+
 class TransformerStack(nn.Module):
-    """num_layers blocks (block_0, block_1, ...), then a final norm for pre-norm: (B, T, D) -> (B, T, D).
+    """num_layers blocks (block_0, block_1, ...; or with scan_layers their stacked copies under
+    'blocks'), then a final norm for pre-norm: (B, T, D) -> (B, T, D).
 
     An encoder: causal=False with a padding mask. A decoder-only model: causal=True. The decoder of
     an encoder-decoder: causal=True, cross_attention=True, with the encoder's output as memory.
@@ -215,11 +281,35 @@ class TransformerStack(nn.Module):
         capture_weights: bool = False,
     ) -> jax.Array:
         cfg = self.config
-        for i in range(cfg.num_layers):
-            x = TransformerBlock(cfg, self.causal, cfg.is_moe_block(i), self.cross_attention, name=f"block_{i}")(
-                x, mask=mask, positions=positions, cache_index=cache_index, memory=memory, memory_mask=memory_mask,
-                train=train, capture_weights=capture_weights,
+        arrays = (mask, positions, cache_index, memory, memory_mask)  # the same for every layer
+        if cfg.scan_layers:
+            scanned = nn.scan(
+                checkpointed(BlockGroup, cfg.remat, in_scan=True),
+                variable_axes={"params": 0, "cache": 0, "moe": 0, "intermediates": 0},
+                split_rngs={"params": True, "dropout": True},
+                in_axes=(nn.broadcast,) * len(arrays),
+                length=cfg.num_layers // cfg.layer_period,
+                metadata_params={nn.PARTITION_NAME: "layers"},
             )
+            x, _ = scanned(cfg, self.causal, self.cross_attention, train, capture_weights, name=SCANNED_NAME)(
+                x, *arrays)
+        else:
+            block = checkpointed(TransformerBlock, cfg.remat, in_scan=False)
+            for i in range(cfg.num_layers):
+                x = block(cfg, self.causal, cfg.is_moe_block(i), self.cross_attention, train, capture_weights,
+                          name=f"block_{i}")(x, *arrays)
         if cfg.norm_position == "pre":
             x = Norm(cfg.norm, dtype=cfg.dtype, name="norm_final")(x)
         return x
+
+
+def sown_per_layer(path: tuple[str, ...], value, config: TransformerConfig) -> Iterator[tuple[int, Any]]:
+    """(layer index, value) for a value one block sowed (an 'intermediates' entry at `path`), from
+    either layout: block_<i> gives layer i; under the scanned 'blocks', value has a leading axis over
+    the scan and block_<j> is layer scan_index * layer_period + j."""
+    j = int(next(name for name in path if name.startswith("block_")).removeprefix("block_"))
+    if SCANNED_NAME not in path:
+        yield j, value
+        return
+    for scan_index, layer_value in enumerate(value):
+        yield scan_index * config.layer_period + j, layer_value

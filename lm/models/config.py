@@ -32,7 +32,11 @@ def transformer_options(**overrides) -> ml_collections.ConfigDict:
     model.attention_dropout = 0.0
     model.use_bias = True
     model.init = "gpt2"  # gpt2 | normal | xavier | small (lm/layers/initializers.py)
-    model.compute_dtype = "float32"  # float32 | bfloat16 (params stay float32)
+    model.compute_dtype = "float32"  # float32 | bfloat16 (params stay float32: the optimizer's master copy)
+    # How the model is computed, not what it computes (the same numerics): see lm/layers/transformer.py
+    model.attention_impl = "auto"  # auto | xla | cudnn: auto takes cuDNN flash attention on GPU where it applies
+    model.scan_layers = False  # True: one nn.scan over the layers (compiles one layer, not num_layers)
+    model.remat = "none"  # none | dots | dots_no_batch | full: activations recomputed in the backward pass
     model.moe = ml_collections.ConfigDict()
     model.moe.num_experts = 0  # 0: dense; E >= 2: experts replace every `every`-th MLP
     model.moe.every = 2
@@ -75,4 +79,8 @@ def transformer_config(model: ml_collections.ConfigDict) -> TransformerConfig:
             capacity_factor=model.moe.capacity_factor,
         ),
         dtype=compute_dtype(model.compute_dtype),
+        # runs saved before these options existed computed the model the default way
+        attention_impl=model.get("attention_impl", "auto"),
+        scan_layers=model.get("scan_layers", False),
+        remat=model.get("remat", "none"),
     )

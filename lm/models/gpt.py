@@ -3,6 +3,10 @@
 tokens (B, T) -> token embedding [x sqrt(D)] [+ position table] -> TransformerStack (causal) -> logits (B, T, V).
 Every block option (norm, MLP, positions, MoE, init, ...) comes from the TransformerConfig; see
 lm/layers/transformer.py.
+
+Given targets, the model returns the per-token cross-entropy (B, T) instead of the logits. With
+loss_chunk = c > 0 it computes it c positions at a time, recomputing each chunk's logits in the
+backward pass, so the (B, T, V) logits (3.3 GB in float32 for GPT-2 at batch 16) never exist at once.
 """
 
 import dataclasses
@@ -11,6 +15,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from lm.errors import UserError
 from lm.layers import Linear, constrain
 from lm.layers.embedding import embed
 from lm.layers.transformer import TransformerConfig, TransformerStack
@@ -24,6 +29,7 @@ class GPTConfig:
     tie_embeddings: bool = True
     vocab_multiple: int = 64  # embedding rows are padded to a multiple, so 'vocab' can be sharded
     scale_embeddings: bool = False  # token embeddings times sqrt(D) (Vaswani et al. 3.4), e.g. for sinusoids
+    loss_chunk: int = 0  # positions per chunk of the cross-entropy given targets; 0: all logits at once
 
     @property
     def padded_vocab_size(self) -> int:
@@ -31,13 +37,19 @@ class GPTConfig:
 
 
 class GPT(nn.Module):
-    """Call with tokens (B, T) int32. With decode=True, reads and advances the KV cache."""
+    """Call with tokens (B, T) int32 -> logits (B, T, V); with targets (B, T) -> per-token
+    cross-entropy (B, T). With decode=True, reads and advances the KV cache."""
 
     config: GPTConfig
 
     @nn.compact
     def __call__(
-        self, tokens: jax.Array, train: bool = False, decode: bool = False, capture_weights: bool = False
+        self,
+        tokens: jax.Array,
+        train: bool = False,
+        decode: bool = False,
+        capture_weights: bool = False,
+        targets: jax.Array | None = None,
     ) -> jax.Array:
         cfg = self.config
         blocks = cfg.transformer
@@ -58,9 +70,9 @@ class GPT(nn.Module):
         )
 
         if cfg.tie_embeddings:
-            logits = token_embed.attend(x.reshape(-1, embed_dim)).reshape(*x.shape[:-1], -1)  # (B, T, V)
+            head = token_embed.attend  # (..., D) -> (..., V padded)
         else:
-            logits = Linear(
+            head = Linear(
                 (embed_dim,),
                 (cfg.padded_vocab_size,),
                 ("embed", "vocab"),
@@ -68,9 +80,43 @@ class GPT(nn.Module):
                 dtype=blocks.dtype,
                 kernel_init=blocks.inits.dense,
                 name="lm_head",
-            )(x)
-        logits = constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))
-        return logits[..., : cfg.vocab_size]  # (B, T, V): padding rows never compete
+            )
+
+        def logits_of(h: jax.Array) -> jax.Array:  # (B, L, D) -> (B, L, V): padding rows never compete
+            logits = head(h.reshape(-1, embed_dim)).reshape(*h.shape[:-1], -1)
+            return constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))[..., : cfg.vocab_size]
+
+        if targets is None:
+            return logits_of(x)
+        if not cfg.loss_chunk:
+            return token_cross_entropy(logits_of(x), targets)
+        return self._chunked_cross_entropy(x, targets, logits_of)
+
+    def _chunked_cross_entropy(self, x: jax.Array, targets: jax.Array, logits_of) -> jax.Array:
+        """x (B, T, D), targets (B, T) -> (B, T) losses, loss_chunk positions at a time (a scan over the
+        T / c chunks; each chunk's logits are recomputed in the backward pass rather than kept)."""
+        batch, length, embed_dim = x.shape
+        chunk = self.config.loss_chunk
+        if length % chunk:
+            raise UserError(f"model.loss_chunk={chunk} does not divide the sequence length {length}; "
+                            "pick a divisor of data.context_length, or 0 for no chunking")
+
+        def by_chunk(a: jax.Array) -> jax.Array:  # (B, T, ...) -> (T / c, B, c, ...): batch sharding kept
+            return a.reshape(batch, length // chunk, chunk, *a.shape[2:]).swapaxes(0, 1)
+
+        def body(module, carry, inputs):
+            h, y = inputs  # (B, c, D), (B, c)
+            return carry, token_cross_entropy(logits_of(h), y)
+
+        scan = nn.scan(nn.remat(body, prevent_cse=False), variable_broadcast="params", split_rngs={"params": False})
+        _, losses = scan(self, None, (by_chunk(x), by_chunk(targets)))  # (T / c, B, c)
+        return losses.swapaxes(0, 1).reshape(batch, length)
+
+
+def token_cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """logits (..., V) float32, integer targets (...) -> -log softmax(logits)[target], (...)."""
+    target_logits = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    return jax.nn.logsumexp(logits, axis=-1) - target_logits
 
 
 def flops_per_token(config: GPTConfig, active_params: int) -> float:

@@ -23,6 +23,7 @@ import jax
 import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
+from jax.experimental.compilation_cache import compilation_cache
 
 from lm import sharding
 from lm.distributed import is_primary
@@ -33,6 +34,7 @@ from lm.train.experiment import Experiment
 from lm.train.flops import peak_flops_per_device
 from lm.train.metrics import MetricWriter, truncate_log
 from lm.train.optim import learning_rate_schedule, make_optimizer
+from lm.train.prefetch import DevicePrefetcher
 from lm.train.state import TrainState
 from lm.train.step import make_eval_step, make_train_step
 
@@ -57,6 +59,24 @@ def prepare_directory(directory: str, option: str = "--workdir") -> pathlib.Path
     except OSError as e:
         raise UserError(f"{path} is not writable ({e.strerror}); pass a {option} you can write to") from e
     return path
+
+
+def use_compilation_cache(directory: str) -> None:
+    """Points JAX's persistent compilation cache at directory (created; one this process cannot
+    write to is a UserError), so that compiled programs are stored there and reused by later runs
+    and restarts; "" leaves JAX's own setting alone ($JAX_COMPILATION_CACHE_DIR, or none). JAX opens
+    its cache once per process, at the first compile that uses it, and then ignores changes to the
+    directory: so when the directory differs from the one set, the cache is also reset and the next
+    compile opens the new one (programs this process compiled before stay in its memory; a
+    notebook that trains again with another directory switches to it). JAX writes only programs
+    that took jax_persistent_cache_min_compile_time_secs (default 1 s) or more to compile, and only
+    from process 0."""
+    if not directory:
+        return
+    path = str(prepare_directory(directory, "--config.train.compilation_cache_dir"))
+    if jax.config.jax_compilation_cache_dir != path:
+        jax.config.update("jax_compilation_cache_dir", path)
+        compilation_cache.reset_cache()
 
 
 def abstract_state(init_boxed, rng, mesh, rules):
@@ -245,9 +265,13 @@ def restore_params(config: ml_collections.ConfigDict, experiment: Experiment, wo
 
 def build(config: ml_collections.ConfigDict, devices: list[jax.Device] | None):
     """(mesh, logical rules, experiment, optimizer, init_boxed) for config on devices (default: all),
-    after checking that the mesh fits the devices and divides the batch."""
+    after checking that the mesh fits the devices and divides the batch; turns on
+    train.compilation_cache_dir, before anything is compiled."""
     if config.train.on_nonfinite not in ("stop", "skip"):
         raise UserError(f"train.on_nonfinite={config.train.on_nonfinite!r}: use 'stop' or 'skip'")
+    if config.train.prefetch < 0:
+        raise UserError(f"train.prefetch={config.train.prefetch}: use 0 (off) or more batches")
+    use_compilation_cache(config.train.compilation_cache_dir)
     mesh = sharding.make_mesh(config.mesh.to_dict(), devices)
     sharding.check_batch(config.train.batch_size, config.train.grad_accum_steps, mesh)
     rules = sharding.logical_rules(config.sharding_rules)
@@ -345,8 +369,15 @@ def train(
 
         writer = MetricWriter(workdir_path, tcfg.wandb_project, config.to_dict())
         try:
-            with StopSignal(tcfg.log_every) as stop:
-                summary = _train_loop(config, experiment, mesh, state, state_shardings, train_iter,
+            # Global batches on the devices, loaded tcfg.prefetch ahead by a thread (0: in the loop);
+            # the thread waits for each copy to finish, so a queued batch is ready for the step.
+            batches = DevicePrefetcher(
+                train_iter,
+                lambda b: jax.block_until_ready(sharding.assemble_batch(b, mesh, tcfg.batch_size)),
+                tcfg.prefetch,
+            )
+            with StopSignal(tcfg.log_every) as stop, batches:
+                summary = _train_loop(config, experiment, mesh, state, state_shardings, batches,
                                       optimizer, checkpointer, writer, start_step, workdir_path, stop)
         finally:
             checkpointer.close()
@@ -362,8 +393,9 @@ def train(
     return summary
 
 
-def _train_loop(config, experiment, mesh, state, state_shardings, train_iter, optimizer,
+def _train_loop(config, experiment, mesh, state, state_shardings, batches, optimizer,
                 checkpointer, writer, start_step, workdir, stop: StopSignal) -> dict[str, float]:
+    """batches: the global training batches from start_step on, already on the devices."""
     tcfg = config.train
     batch_sharding = sharding.batch_sharding(mesh)
     train_step = CompiledPerShape(jit_train_step(config, experiment, optimizer, state_shardings, mesh))
@@ -404,7 +436,7 @@ def _train_loop(config, experiment, mesh, state, state_shardings, train_iter, op
     interval_start, interval_steps = time.perf_counter(), 0
     stopping = False
     while step < tcfg.num_steps and not stopping:
-        batch = sharding.assemble_batch(next(train_iter), mesh, tcfg.batch_size)
+        batch = next(batches)
         compile_seconds = train_step.seconds
         state, metrics = train_step(state, batch)
         interval_start += train_step.seconds - compile_seconds  # compiling is not training time

@@ -37,6 +37,14 @@ def train_options(**overrides) -> ml_collections.ConfigDict:
     # A step whose loss or gradients are NaN/Inf never updates the weights; then "stop": end the run
     # with a message (nothing saved after that step); "skip": go on and count it (skipped_steps).
     options.on_nonfinite = "stop"
+    # How many global batches a background thread loads and places on the devices ahead of the
+    # step (the host pipeline and the copy overlap the step before); 0 = load each in the step's turn.
+    # The batches are the same either way.
+    options.prefetch = 2
+    # Where compiled programs are stored and reused by later runs and restarts (JAX's persistent
+    # compilation cache: programs that took at least 1 s to compile, written by process 0);
+    # "" = leave JAX's own setting alone ($JAX_COMPILATION_CACHE_DIR, or no cache).
+    options.compilation_cache_dir = ""
     options.peak_flops = 0.0  # per device, for MFU; 0 = look up or measure
     options.wandb_project = ""  # non-empty turns Weights & Biases logging on
     options.update(overrides)

@@ -1,0 +1,102 @@
+"""GPT-2 pretraining on a pre-tokenised corpus (GPT-2 BPE ids in nanoGPT's train.bin / val.bin format).
+
+Variants (pick one after the colon); all are GPT-2 shaped: pre-norm LayerNorm, GELU MLP 4x wide,
+learned positions, tied embeddings, context 1024, the 50,257-id vocabulary padded to 50,304 (a
+multiple of 128, so the embedding and the logits split evenly and map onto whole matmul tiles).
+
+  124m  12 layers, 12 heads, 768 wide: 124M parameters.
+        python -m lm.main --config=configs/gpt2.py:124m --workdir=runs/gpt2_124m
+        The llm.c / nanoGPT reproduction: batch 512 x 1024 tokens (0.5M; 8 micro-batches of 64),
+        AdamW 6e-4 (b2 0.95, weight decay 0.1), 700 warmup steps, cosine to 6e-5 at 19,073 steps
+        (10B tokens). Reference points: val loss about 3.3 on OpenWebText/FineWeb at 10B tokens
+        (llm.c). Not yet run here (no accelerator so far).
+  350m  24 layers, 16 heads, 1024 wide: 350M parameters; lr 3e-4, remat of everything but the
+        weight matmuls (dots_no_batch) and a chunked loss to fit larger micro-batches.
+  774m  36 layers, 20 heads, 1280 wide: 774M parameters; lr 2.5e-4, the same memory savings.
+  test  2 layers, 4 heads, 64 wide, context 64, a tiny vocabulary, synthetic ids: for tests and a
+        CPU smoke run.
+        python -m lm.main --config=configs/gpt2.py:test --workdir=/tmp/gpt2_test
+
+Data: data.train_file / data.val_file are raw little-endian uint16 token ids (uint32 for
+vocabularies past 65,536: data.token_dtype), absolute or relative to $LM_DATA_DIR; nanoGPT's
+data/openwebtext/prepare.py writes them. For throughput runs without data:
+  --config.data.dataset=synthetic  (uniformly random ids; the loss stays at ln(50257) = 10.8).
+
+Throughput (benchmarks/step_time.py prints tokens/s, step time, compile time, memory and MFU):
+  python benchmarks/step_time.py --config=configs/gpt2.py:124m --config.data.dataset=synthetic \
+      --arms=model.remat=none,dots_no_batch,full
+Performance switches (same numerics, see lm/layers/transformer.py and lm/models/gpt.py):
+  model.compute_dtype=bfloat16 (params and optimizer state stay float32), model.attention_impl=auto
+  (cuDNN flash attention on GPU), model.scan_layers=True, model.remat, model.loss_chunk,
+  train.prefetch, train.compilation_cache_dir.
+"""
+
+import ml_collections
+
+from lm import sharding
+from lm.models.config import transformer_options
+from lm.train.options import optimizer_options, train_options
+
+SIZES = {  # variant: (layers, heads, width)
+    "124m": (12, 12, 768),
+    "350m": (24, 16, 1024),
+    "774m": (36, 20, 1280),
+}
+
+
+def get_config(variant: str = "124m") -> ml_collections.ConfigDict:
+    config = ml_collections.ConfigDict()
+    config.experiment = "language_model"
+    config.seed = 0
+
+    config.data = ml_collections.ConfigDict()
+    config.data.dataset = "token_file"  # token_file | synthetic
+    config.data.train_file = "openwebtext/train.bin"
+    config.data.val_file = "openwebtext/val.bin"
+    config.data.token_dtype = "uint16"
+    config.data.vocab_size = 50257  # GPT-2 BPE
+    config.data.context_length = 1024
+
+    config.model = transformer_options(num_layers=12, num_heads=12, num_kv_heads=12, embed_dim=768,
+                                       compute_dtype="bfloat16", scan_layers=True)
+    config.model.tie_embeddings = True
+    config.model.vocab_multiple = 128
+    config.model.scale_embeddings = False
+    config.model.loss_chunk = 0  # positions per cross-entropy chunk; 0: the whole logits at once
+
+    config.optimizer = optimizer_options(learning_rate=6e-4, min_learning_rate=6e-5, warmup_steps=700,
+                                         decay_steps=19073, b2=0.95, weight_decay=0.1)
+    config.train = train_options(batch_size=512, grad_accum_steps=8, num_steps=19073, log_every=20,
+                                 checkpoint_every=1000)
+
+    config.eval = ml_collections.ConfigDict()
+    config.eval.every = 500
+    config.eval.batch_size = 64
+    config.eval.num_batches = 20  # 1.3M val tokens
+    config.eval.context_lengths = ()
+
+    config.sample = ml_collections.ConfigDict()  # token ids: no text sample after training
+    config.sample.prompt = "\n"
+    config.sample.max_new_tokens = 0
+    config.sample.temperature = 0.8
+    config.sample.top_k = 40
+
+    config.mesh = sharding.mesh_options()
+    config.sharding_rules = sharding.DEFAULT_RULES
+
+    if variant in SIZES:
+        layers, heads, width = SIZES[variant]
+        config.model.update(num_layers=layers, num_heads=heads, num_kv_heads=heads, embed_dim=width)
+        if variant != "124m":
+            config.model.update(remat="dots_no_batch", loss_chunk=256)
+            config.optimizer.learning_rate = {"350m": 3e-4, "774m": 2.5e-4}[variant]
+            config.optimizer.min_learning_rate = config.optimizer.learning_rate / 10
+    elif variant == "test":
+        config.data.update(dataset="synthetic", vocab_size=500, context_length=64)
+        config.model.update(num_layers=2, num_heads=4, num_kv_heads=4, embed_dim=64, loss_chunk=16)
+        config.train.update(batch_size=8, grad_accum_steps=1, num_steps=20, log_every=5, checkpoint_every=10)
+        config.optimizer.update(warmup_steps=2, decay_steps=20)
+        config.eval.update(every=10, batch_size=8, num_batches=2)
+    else:
+        raise ValueError(f"unknown variant {variant!r} of gpt2: use 124m, 350m, 774m or test")
+    return config

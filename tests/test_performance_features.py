@@ -1,0 +1,201 @@
+"""The performance switches change how the model is computed, not what: scan over layers, remat
+policies, the attention implementation, chunked cross-entropy and bf16 compute, each against the
+plain path."""
+
+import dataclasses
+import functools
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lm.errors import UserError
+from lm.layers.attention import attention_implementation
+from lm.layers.transformer import SCANNED_NAME, MoeConfig, TransformerConfig, sown_per_layer
+from lm.models.gpt import GPT, GPTConfig
+
+BLOCKS = TransformerConfig(num_layers=4, embed_dim=16, num_heads=4, num_kv_heads=2)
+CONFIG = GPTConfig(vocab_size=11, context_length=12, transformer=BLOCKS)
+MOE = MoeConfig(num_experts=2, every=2, top_k=1, capacity_factor=2.0)
+
+
+def gpt(**changes) -> GPTConfig:
+    gpt_changes = {k: changes.pop(k) for k in list(changes) if k in ("tie_embeddings", "loss_chunk")}
+    return dataclasses.replace(CONFIG, transformer=dataclasses.replace(BLOCKS, **changes), **gpt_changes)
+
+
+def init(config: GPTConfig, seed=0):
+    tokens = jnp.zeros((1, config.context_length), jnp.int32)
+    return nn.unbox(jax.jit(GPT(config).init)(jax.random.key(seed), tokens)["params"])
+
+
+def stack_layers(params: dict, config: TransformerConfig, stack: str = "decoder") -> dict:
+    """The unrolled stack's block_<i> params as the scanned layout: params[stack]['blocks']['block_<j>']
+    with a leading axis over the scan (layer i = scan index * period + j)."""
+    period = config.layer_period
+    blocks = {f"block_{j}": jax.tree.map(lambda *layers: jnp.stack(layers),
+                                         *[params[stack][f"block_{i}"] for i in range(j, config.num_layers, period)])
+              for j in range(period)}
+    rest = {k: v for k, v in params[stack].items() if not k.startswith("block_")}
+    return {**params, stack: {**rest, SCANNED_NAME: blocks}}
+
+
+def tokens(shape=(3, 12), seed=1):
+    return jax.random.randint(jax.random.key(seed), shape, 0, CONFIG.vocab_size)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "capture_weights"))
+def forward(config: GPTConfig, params, inputs, capture_weights=False):
+    """Logits, and with capture_weights the sown 'intermediates' too (jitted: eager Flax is slow)."""
+    return GPT(config).apply({"params": params}, inputs, capture_weights=capture_weights, mutable=["intermediates"])
+
+
+@functools.partial(jax.jit, static_argnames="config")
+def loss_and_grads(config: GPTConfig, params, inputs, targets):
+    def loss(p):
+        token_losses, collections = GPT(config).apply({"params": p}, inputs, targets=targets, mutable=["moe"])
+        moe = sum(jnp.sum(s["load_balance_loss"]) for s in jax.tree.leaves(
+            collections, is_leaf=lambda n: isinstance(n, dict) and "load_balance_loss" in n))
+        return token_losses.mean() + 0.01 * moe
+
+    return jax.value_and_grad(loss)(params)
+
+
+@pytest.mark.parametrize("moe", [MoeConfig(), MOE], ids=["dense", "moe_every_2"])
+def test_scanned_stack_equals_the_unrolled_one(moe):
+    """The same weights, stacked: equal logits, loss (with the MoE auxiliary loss) and gradients."""
+    unrolled = gpt(moe=moe)
+    scanned = gpt(moe=moe, scan_layers=True)
+    params = init(unrolled)
+    stacked = stack_layers(params, unrolled.transformer)
+    scanned_shapes = jax.eval_shape(GPT(scanned).init, jax.random.key(0), jnp.zeros((1, 12), jnp.int32))["params"]
+    assert jax.tree.map(jnp.shape, stacked) == jax.tree.map(jnp.shape, nn.unbox(scanned_shapes))
+    x = tokens()
+    loss, grads = loss_and_grads(unrolled, params, x, tokens(seed=2))
+    scanned_loss, scanned_grads = loss_and_grads(scanned, stacked, x, tokens(seed=2))
+    np.testing.assert_allclose(scanned_loss, loss, rtol=1e-6)
+    jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-4, atol=1e-7),
+                 scanned_grads, stack_layers(grads, unrolled.transformer))
+
+
+@pytest.mark.parametrize("remat, scan", [("full", False), ("dots", True), ("dots_no_batch", True), ("full", True)])
+def test_remat_policies_leave_loss_and_gradients_unchanged(remat, scan):
+    reference = gpt(scan_layers=scan)
+    params = init(reference)
+    expected = loss_and_grads(reference, params, tokens(), tokens(seed=2))
+    got = loss_and_grads(gpt(scan_layers=scan, remat=remat), params, tokens(), tokens(seed=2))
+    jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-7), got, expected)
+
+
+def test_scanned_kv_cache_decoding_equals_full_recomputation():
+    """The KV cache of a scanned stack (stacked on the layer axis) decodes token by token to the logits
+    of the whole sequence."""
+    config = gpt(scan_layers=True)
+    params = init(config)
+    model, x = GPT(config), tokens((2, 12))
+    full, _ = forward(config, params, x)
+    cache = jax.eval_shape(functools.partial(model.init, decode=True), jax.random.key(0),
+                           jnp.zeros((2, 12), jnp.int32))["cache"]
+    cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), cache)
+    assert jax.tree.leaves(cache["decoder"])[0].shape[0] == BLOCKS.num_layers  # stacked per layer
+    decode_step = jax.jit(lambda c, t: model.apply({"params": params, "cache": c}, t, decode=True, mutable=["cache"]))
+    step_logits = []
+    for t in range(12):
+        logits, mutated = decode_step(cache, x[:, t:t + 1])
+        cache = mutated["cache"]
+        step_logits.append(logits)
+    np.testing.assert_allclose(jnp.concatenate(step_logits, axis=1), full, rtol=1e-5, atol=1e-5)
+
+
+def test_scanned_params_carry_a_layers_axis_and_shard_like_the_unrolled_ones():
+    from lm import sharding
+
+    boxed = jax.eval_shape(GPT(gpt(scan_layers=True)).init, jax.random.key(0), jnp.zeros((1, 12), jnp.int32))
+    specs = flax.traverse_util.flatten_dict(nn.get_partition_spec(boxed)["params"])
+    assert specs[("decoder", SCANNED_NAME, "block_0", "attention", "query", "kernel")] == \
+        jax.sharding.PartitionSpec("layers", "embed", "heads", "kv")
+    mesh = sharding.make_mesh({"data": 1, "fsdp": 2, "expert": 1, "tensor": 2}, jax.devices()[:4])
+    named = sharding.logical_shardings(boxed, mesh, sharding.DEFAULT_RULES)
+    query = named["params"]["decoder"][SCANNED_NAME]["block_0"]["attention"]["query"]["kernel"]
+    assert query.spec == jax.sharding.PartitionSpec(None, "fsdp", "tensor", None)  # layers: replicated
+
+
+def test_scan_needs_whole_groups_of_moe_blocks():
+    with pytest.raises(UserError, match="multiple of model.moe.every=3"):
+        dataclasses.replace(BLOCKS, moe=dataclasses.replace(MOE, every=3), scan_layers=True)
+
+
+def test_sown_attention_weights_come_out_per_layer_in_either_layout():
+    """What the ViT rollout and the translation attention maps read: the same weights per layer."""
+    unrolled, scanned = gpt(), gpt(scan_layers=True)
+    params = init(unrolled)
+
+    def per_layer(config, p):
+        _, sown = forward(config, p, tokens(), capture_weights=True)
+        flat = flax.traverse_util.flatten_dict(sown["intermediates"])
+        return dict(item for path, (w,) in flat.items() for item in sown_per_layer(path, w, config.transformer))
+
+    expected, got = per_layer(unrolled, params), per_layer(scanned, stack_layers(params, unrolled.transformer))
+    assert sorted(got) == sorted(expected) == list(range(BLOCKS.num_layers))
+    for layer in expected:
+        np.testing.assert_allclose(got[layer], expected[layer], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
+def test_chunked_cross_entropy_equals_the_full_logits_one(tie):
+    """Per-token losses and gradients from chunks of 4 positions equal optax's cross-entropy of the
+    full (B, T, V) logits."""
+    import optax
+
+    full, chunked = gpt(tie_embeddings=tie), gpt(tie_embeddings=tie, loss_chunk=4)
+    params = init(full)
+    x, y = tokens(), tokens(seed=2)
+
+    def reference(p):
+        logits = GPT(full).apply({"params": p}, x)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+    assert jax.eval_shape(lambda p: GPT(chunked).apply({"params": p}, x, targets=y), params).shape == x.shape
+    expected_loss, expected_grads = jax.jit(jax.value_and_grad(reference))(params)
+    loss, grads = loss_and_grads(chunked, params, x, y)
+    np.testing.assert_allclose(loss, expected_loss, rtol=1e-6)
+    jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-7), grads, expected_grads)
+
+
+def test_chunk_must_divide_the_sequence():
+    with pytest.raises(UserError, match="loss_chunk=5"):
+        GPT(gpt(loss_chunk=5)).init(jax.random.key(0), tokens((1, 12)), targets=tokens((1, 12)))
+
+
+@pytest.mark.parametrize(
+    "requested, platform, dtype, head_dim, masked, expected",
+    [
+        ("auto", "gpu", jnp.bfloat16, 64, False, "cudnn"),
+        ("auto", "gpu", jnp.float32, 64, False, "xla"),  # cuDNN flash attention is half precision only
+        ("auto", "gpu", jnp.bfloat16, 64, True, "xla"),  # a padding mask, ALiBi or the KV cache
+        ("auto", "gpu", jnp.bfloat16, 160, False, "xla"),
+        ("auto", "cpu", jnp.bfloat16, 64, False, "xla"),
+        ("auto", "tpu", jnp.bfloat16, 64, False, "xla"),
+        ("cudnn", "gpu", jnp.float16, 128, False, "cudnn"),
+        ("xla", "gpu", jnp.bfloat16, 64, False, "xla"),
+    ],
+)
+def test_attention_implementation_choice(requested, platform, dtype, head_dim, masked, expected):
+    assert attention_implementation(requested, platform, dtype, head_dim, masked) == expected
+
+
+def test_cudnn_attention_off_gpu_is_a_clear_error():
+    with pytest.raises(UserError, match="attention_impl=cudnn needs a GPU"):
+        GPT(gpt(attention_impl="cudnn")).init(jax.random.key(0), tokens((1, 12)))
+
+
+def test_xla_attention_equals_the_explicit_softmax():
+    """attention_impl=xla (the fused call) against capture_weights (the explicit softmax path)."""
+    config = gpt(attention_impl="xla")
+    params = init(config)
+    fused, _ = forward(config, params, tokens())
+    explicit, _ = forward(config, params, tokens(), capture_weights=True)
+    np.testing.assert_allclose(fused, explicit, rtol=1e-5, atol=1e-6)
