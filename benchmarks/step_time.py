@@ -1,15 +1,25 @@
-"""Benchmark: the train-step time of config variants, side by side and interleaved.
+"""Benchmark: throughput, compile time, memory and MFU of config variants, side by side and interleaved.
 
   python benchmarks/step_time.py --config=configs/gpt_shakespeare.py:baby --arms=model.norm=layer,rms \
       [--rounds=15] [--steps=20] [--config.key=value ...]
+  python benchmarks/step_time.py --config=configs/gpt2.py:124m --config.data.dataset=synthetic \
+      --arms=model.remat=none,dots,dots_no_batch,full      # the remat table
+  python benchmarks/step_time.py --config=configs/gpt2.py:124m --config.data.dataset=synthetic \
+      --arms=model.scan_layers=false,true --rounds=0 --compiles=5   # compile time only
 
-Builds each arm's experiment, sharded state and jitted train step as the trainer does (one process,
-the same devices), then times --steps steps of each arm in turn, round-robin, --rounds times (after
-one untimed round), each arm on a fixed batch from its own pipeline. Prints per arm the median over
-rounds of the mean step time, the spread (min-max over rounds), the arm's speed relative to the
-first arm, and the parameters.
+Builds each arm's experiment, sharded state and train step as the trainer does (one process, the
+same devices) and compiles it ahead of time (timed: the fastest of --compiles, interleaved, with the persistent
+compilation cache off), then
+times --steps steps of each arm in turn, round-robin, --rounds times (after one untimed round), each
+arm on a fixed batch from its own pipeline. Prints per arm: the median over rounds of the mean step
+time, its spread (min-max over rounds), speed relative to the first arm, units (tokens, images,
+...) per second, MFU (model FLOPs per step, 6N + attention, over the step time and the devices' dense
+bf16 peak, as the trainer logs it), compile seconds, the step's memory per device (XLA's analysis of
+the compiled step: arguments + outputs - donated + temporaries, what the allocator needs) and the
+parameters. Where the device reports it (GPU, TPU), the device's peak memory over the whole run
+is printed too.
 Interleaving spreads the slow stretches of a shared machine over every arm alike; runs one after
-another, as in a sweep, can differ by more than the effect measured. Compile time is excluded.
+another, as in a sweep, can differ by more than the effect measured.
 """
 
 import statistics
@@ -24,8 +34,9 @@ from lm.overrides import parse_axis, resolve_config, split_config_overrides
 
 _CONFIG = flags.DEFINE_string("config", "configs/gpt_shakespeare.py:baby", "Config file and variant.")
 _ARMS = flags.DEFINE_string("arms", "model.norm=layer,rms", "The variants: key=value1,value2,...")
-_ROUNDS = flags.DEFINE_integer("rounds", 15, "Rounds of the round-robin.")
+_ROUNDS = flags.DEFINE_integer("rounds", 15, "Rounds of the round-robin (0: compile and report memory only).")
 _STEPS = flags.DEFINE_integer("steps", 20, "Timed steps per arm per round.")
+_COMPILES = flags.DEFINE_integer("compiles", 1, "Compiles per arm, interleaved; the fastest is reported.")
 _OVERRIDES: dict[str, str] = {}
 
 
@@ -36,7 +47,7 @@ def parse_benchmark_flags(argv: list[str]) -> list[str]:
 
 
 class Arm:
-    """One variant's train step on a fixed batch, ready to time (state donated step to step)."""
+    """One variant's compiled train step on a fixed batch, ready to time (state donated step to step)."""
 
     def __init__(self, config):
         import flax.linen as nn
@@ -50,11 +61,30 @@ class Arm:
         with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
             _, shardings = abstract_state(init_boxed, rng, self.mesh, self.rules)
             self.state = init_state(init_boxed, rng, shardings)
-            self.step_fn = jit_train_step(config, experiment, optimizer, shardings, self.mesh)
             data = iter(experiment.train_data(config.train.batch_size, config.seed, (0, 1), 0))
             self.batch = sharding.assemble_batch(next(data), self.mesh, config.train.batch_size)
-            self.num_params = count_params(self.state.params)
-            self.run(1)  # compile and warm up
+        self.jit_step = lambda: jit_train_step(config, experiment, optimizer, shardings, self.mesh)
+        self.compile_seconds = float("inf")
+        self.compile()
+        memory = self.step_fn.memory_analysis()
+        self.step_bytes = (memory.argument_size_in_bytes + memory.output_size_in_bytes
+                           - memory.alias_size_in_bytes + memory.temp_size_in_bytes)
+        self.num_params = count_params(self.state.params)
+        self.units_per_step = config.train.batch_size * experiment.units_per_example
+        self.unit = experiment.unit
+        self.flops_per_step = config.train.batch_size * experiment.flops_per_example(
+            experiment.active_params(self.state.params))
+
+    def compile(self) -> None:
+        """Traces, lowers and compiles the step afresh (a new jit: no in-memory cache); compile_seconds
+        keeps the fastest of the compiles so far."""
+        import flax.linen as nn
+        import jax
+
+        with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+            start = time.perf_counter()
+            self.step_fn = self.jit_step().lower(self.state, self.batch).compile()
+            self.compile_seconds = min(self.compile_seconds, time.perf_counter() - start)
 
     def run(self, steps: int) -> float:
         """Mean seconds per step over `steps` steps."""
@@ -79,25 +109,44 @@ def main(argv):
 def benchmark() -> None:
     import jax
 
+    from lm.train.flops import peak_flops_per_device
+    from lm.train.loop import format_bytes
+
+    jax.config.update("jax_enable_compilation_cache", False)  # compile times from scratch
     key, values = parse_axis(_ARMS.value, flag="--arms")
     arms = {value: Arm(resolve_config(_CONFIG.value, {**_OVERRIDES, key: value})) for value in values}
+    for _ in range(_COMPILES.value - 1):
+        for arm in arms.values():
+            arm.compile()
     times = {value: [] for value in arms}
-    for round_index in range(1 + _ROUNDS.value):  # round 0 warms every arm up and is not counted
+    for round_index in range(1 + _ROUNDS.value if _ROUNDS.value else 0):  # round 0 warms up, not counted
         for value, arm in arms.items():
             seconds = arm.run(_STEPS.value)
             if round_index:
                 times[value].append(seconds)
 
-    print(f"\n=== benchmark: step time of {key} = {', '.join(values)} ({_CONFIG.value}) ===")
-    print(f"device {jax.devices()[0].device_kind} x {arms[values[0]].mesh.size} | {_ROUNDS.value} rounds x "
-          f"{_STEPS.value} steps per arm, interleaved")
-    reference = statistics.median(times[values[0]])
-    print(f"{'arm':<20} {'median ms/step':>15} {'min-max ms':>15} {'speed vs first':>15} {'parameters':>12}")
+    first = arms[values[0]]
+    device = first.mesh.devices.flat[0]
+    peak_flops = peak_flops_per_device(device) * first.mesh.size
+    print(f"\n=== benchmark: {key} = {', '.join(values)} ({_CONFIG.value}) ===")
+    print(f"device {device.device_kind} x {first.mesh.size} (dense peak {peak_flops / 1e12:,.2f} TFLOP/s in all) | "
+          f"{_ROUNDS.value} rounds x {_STEPS.value} steps per arm, interleaved")
+    unit_rate = f"{first.unit}/s"
+    print(f"{'arm':<24} {'median ms/step':>15} {'min-max ms':>17} {'vs first':>9} {unit_rate:>12} {'MFU':>7} "
+          f"{'compile s':>10} {'step memory':>12} {'parameters':>13}")
+    reference = statistics.median(times[values[0]]) if _ROUNDS.value else None
     for value, arm in arms.items():
-        ms = np.array(times[value]) * 1e3
-        print(f"{key.split('.')[-1] + '=' + value:<20} {np.median(ms):>15.2f} "
-              f"{f'{ms.min():.2f}-{ms.max():.2f}':>15} {reference * 1e3 / np.median(ms):>14.3f}x "
-              f"{arm.num_params:>12,}")
+        timed = "-".rjust(15) + "-".rjust(18) + "-".rjust(10) + "-".rjust(13) + "-".rjust(8)  # --rounds=0
+        if reference:
+            ms = np.array(times[value]) * 1e3
+            seconds = np.median(ms) / 1e3
+            timed = (f"{np.median(ms):>15.1f} {f'{ms.min():.1f}-{ms.max():.1f}':>17} {reference / seconds:>8.3f}x "
+                     f"{arm.units_per_step / seconds:>12,.0f} {arm.flops_per_step / seconds / peak_flops:>7.1%}")
+        print(f"{key.split('.')[-1] + '=' + value:<24} {timed} {arm.compile_seconds:>10.1f} "
+              f"{format_bytes(arm.step_bytes):>12} {arm.num_params:>13,}")
+    stats = device.memory_stats() or {}
+    if "peak_bytes_in_use" in stats:
+        print(f"device peak memory over the run (all arms): {format_bytes(stats['peak_bytes_in_use'])}")
 
 
 if __name__ == "__main__":

@@ -171,25 +171,52 @@ def test_chunk_must_divide_the_sequence():
 
 
 @pytest.mark.parametrize(
-    "requested, platform, dtype, head_dim, masked, expected",
+    "requested, platform, dtype, head_dim, lengths, masked, expected",
     [
-        ("auto", "gpu", jnp.bfloat16, 64, False, "cudnn"),
-        ("auto", "gpu", jnp.float32, 64, False, "xla"),  # cuDNN flash attention is half precision only
-        ("auto", "gpu", jnp.bfloat16, 64, True, "xla"),  # a padding mask, ALiBi or the KV cache
-        ("auto", "gpu", jnp.bfloat16, 160, False, "xla"),
-        ("auto", "cpu", jnp.bfloat16, 64, False, "xla"),
-        ("auto", "tpu", jnp.bfloat16, 64, False, "xla"),
-        ("cudnn", "gpu", jnp.float16, 128, False, "cudnn"),
-        ("xla", "gpu", jnp.bfloat16, 64, False, "xla"),
+        ("auto", "gpu", jnp.bfloat16, 64, (1024, 1024), False, "cudnn"),
+        ("auto", "gpu", jnp.float32, 64, (1024, 1024), False, "xla"),  # cuDNN flash attention: half precision
+        ("auto", "gpu", jnp.bfloat16, 64, (1024, 1024), True, "xla"),  # a padding mask, ALiBi or the KV cache
+        ("auto", "gpu", jnp.bfloat16, 160, (1024, 1024), False, "xla"),
+        ("auto", "tpu", jnp.float32, 64, (1024, 1024), False, "splash"),
+        ("auto", "tpu", jnp.bfloat16, 64, (1000, 1000), False, "xla"),  # not whole blocks of 128
+        ("auto", "tpu", jnp.bfloat16, 64, (1024, 1024), True, "xla"),
+        ("auto", "cpu", jnp.bfloat16, 64, (1024, 1024), False, "xla"),
+        ("cudnn", "gpu", jnp.float16, 128, (64, 64), False, "cudnn"),
+        ("splash", "cpu", jnp.float32, 64, (128, 256), False, "splash"),  # interpreted off TPU
+        ("xla", "gpu", jnp.bfloat16, 64, (1024, 1024), False, "xla"),
     ],
 )
-def test_attention_implementation_choice(requested, platform, dtype, head_dim, masked, expected):
-    assert attention_implementation(requested, platform, dtype, head_dim, masked) == expected
+def test_attention_implementation_choice(requested, platform, dtype, head_dim, lengths, masked, expected):
+    assert attention_implementation(requested, platform, dtype, head_dim, lengths, masked) == expected
 
 
-def test_cudnn_attention_off_gpu_is_a_clear_error():
-    with pytest.raises(UserError, match="attention_impl=cudnn needs a GPU"):
-        GPT(gpt(attention_impl="cudnn")).init(jax.random.key(0), tokens((1, 12)))
+@pytest.mark.parametrize("requested, message", [("cudnn", "cudnn needs a GPU"),
+                                                ("splash", "splash needs sequence lengths that are multiples of 128")])
+def test_a_fused_attention_that_does_not_apply_is_a_clear_error(requested, message):
+    with pytest.raises(UserError, match=message):
+        GPT(gpt(attention_impl=requested)).init(jax.random.key(0), tokens((1, 12)))
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_splash_attention_equals_xla_attention_on_a_sharded_mesh(causal):
+    """The Pallas kernel (interpreted on CPU) inside its shard_map over a data 2 x fsdp 2 x tensor 2 mesh,
+    with grouped-query heads: the output and the gradients of XLA's attention."""
+    from lm import sharding
+    from lm.layers.attention import MultiHeadAttention
+
+    mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "expert": 1, "tensor": 2}, jax.devices()[:8])
+    x = jax.random.normal(jax.random.key(0), (4, 128, 32))
+
+    def loss_and_grads(implementation):
+        layer = MultiHeadAttention(num_heads=4, num_kv_heads=2, head_dim=8, causal=causal,
+                                   implementation=implementation)
+        params = layer.init(jax.random.key(1), x)
+        return jax.jit(jax.value_and_grad(lambda p, x: jnp.sum(layer.apply(p, x) ** 2), argnums=(0, 1)))(params, x)
+
+    expected = loss_and_grads("xla")
+    with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.DEFAULT_RULES):
+        got = loss_and_grads("splash")
+    jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-4, atol=1e-5), got, expected)
 
 
 def test_xla_attention_equals_the_explicit_softmax():
@@ -199,3 +226,45 @@ def test_xla_attention_equals_the_explicit_softmax():
     fused, _ = forward(config, params, tokens())
     explicit, _ = forward(config, params, tokens(), capture_weights=True)
     np.testing.assert_allclose(fused, explicit, rtol=1e-5, atol=1e-6)
+
+
+def test_bfloat16_training_keeps_float32_master_weights_and_tracks_float32():
+    """configs/gpt2.py:test (scanned layers, chunked loss) for 3 steps in bf16 and in fp32 from the same
+    init and batches: params, gradients' Adam moments stay fp32; the losses agree to bf16 precision."""
+    from configs.gpt2 import get_config
+    from lm import sharding
+    from lm.train.loop import abstract_state, build, init_state, jit_train_step
+
+    def train_losses(compute_dtype):
+        config = get_config("test")
+        config.model.compute_dtype = compute_dtype
+        mesh, rules, experiment, optimizer, init_boxed = build(config, jax.devices()[:1])
+        with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+            _, shardings = abstract_state(init_boxed, jax.random.key(0), mesh, rules)
+            state = init_state(init_boxed, jax.random.key(0), shardings)
+            step = jit_train_step(config, experiment, optimizer, shardings, mesh)
+            batches = iter(experiment.train_data(config.train.batch_size, config.seed, (0, 1), 0))
+            losses = []
+            for _ in range(3):
+                state, metrics = step(state, sharding.assemble_batch(next(batches), mesh, config.train.batch_size))
+                losses.append(float(metrics["loss"]))
+        assert {x.dtype for x in jax.tree.leaves((state.params, state.opt_state)) if x.ndim} == {jnp.dtype("float32")}
+        return losses
+
+    np.testing.assert_allclose(train_losses("bfloat16"), train_losses("float32"), rtol=1e-2)
+
+
+def test_weight_decay_skips_biases_and_scales_stacked_over_layers_or_experts():
+    """The decay mask of the scanned model is the unrolled model's, stacked; expert biases are not decayed."""
+    from lm.train.optim import decay_mask
+
+    unrolled, scanned = gpt(moe=MOE), gpt(moe=MOE, scan_layers=True)
+    shapes = nn.unbox(jax.eval_shape(GPT(unrolled).init, jax.random.key(0), jnp.zeros((1, 12), jnp.int32))["params"])
+    scanned_shapes = jax.eval_shape(GPT(scanned).init, jax.random.key(0), jnp.zeros((1, 12), jnp.int32))["params"]
+    mask = decay_mask(shapes)
+    stacked, scanned_mask = stack_layers(mask, unrolled.transformer), decay_mask(nn.unbox(scanned_shapes))
+    assert jax.tree.structure(stacked) == jax.tree.structure(scanned_mask)
+    for per_layer, scanned_value in zip(jax.tree.leaves(stacked), jax.tree.leaves(scanned_mask), strict=True):
+        assert np.all(np.asarray(per_layer) == scanned_value)
+    experts = mask["decoder"]["block_1"]["moe"]["experts"]
+    assert experts["up"]["kernel"] and not experts["up"]["bias"]

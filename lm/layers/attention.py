@@ -1,11 +1,11 @@
 """Multi-head attention: self or cross, grouped key/value heads, masks, RoPE/ALiBi, KV cache.
 
-One module serves every model. The fused path goes through `jax.nn.dot_product_attention`, with
-the implementation `attention_implementation` picks: cuDNN's flash attention on GPU where it applies
-(bf16/fp16, head dim a multiple of 8 up to 128, no mask or bias array: causal or full attention),
-XLA's otherwise. The explicit path computes the softmax weights itself; it runs when they are
-needed: dropout on the weights during training, or `capture_weights=True`, which sows them as
-'intermediates'/'attention_weights' (B, H, T, S) for visualisation. All paths give the same output.
+One module serves every model. The fused path runs the implementation `attention_implementation`
+picks: cuDNN's flash attention on GPU and the Pallas splash kernel on TPU where they apply (causal or
+full attention without a mask array), XLA's otherwise. The explicit path computes the softmax
+weights itself; it runs when they are needed: dropout on the weights during training, or
+`capture_weights=True`, which sows them as 'intermediates'/'attention_weights' (B, H, T, S) for
+visualisation. All paths give the same output.
 """
 
 from collections.abc import Callable
@@ -19,39 +19,48 @@ from lm.errors import UserError
 from lm.layers.linear import Linear
 from lm.layers.partitioning import constrain
 from lm.layers.positions import alibi_bias, apply_rope
+from lm.layers.splash import splash_attention
 
 ACTIVATION_AXES = ("batch", "length", "heads", "kv")
-ATTENTION_IMPLS = ("auto", "xla", "cudnn")
+ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash")
 CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
 
 
-def attention_implementation(requested: str, platform: str, dtype, head_dim: int, has_mask_or_bias: bool) -> str:
-    """The `jax.nn.dot_product_attention` implementation for a call: 'cudnn' or 'xla'.
+def attention_implementation(requested: str, platform: str, dtype, head_dim: int, lengths: tuple[int, int],
+                             has_mask_or_bias: bool) -> str:
+    """The fused attention for a call with query and key lengths (T, S): 'cudnn', 'splash' or 'xla'.
 
-    auto: cuDNN flash attention where it applies (GPU, bf16/fp16, head_dim % 8 == 0 and <= 128, no
-    mask or bias array), else XLA. cudnn: the same conditions, a UserError saying which one fails.
-    xla: always XLA (any platform, any dtype).
+    cudnn   cuDNN flash attention (jax.nn.dot_product_attention): GPU, bf16/fp16, head_dim % 8 == 0 and
+            <= 128, no mask or bias array (causal or full attention).
+    splash  the Pallas TPU kernel (lm/layers/splash.py): T and S multiples of 128, no mask or bias array;
+            off TPU it runs interpreted (slow: for tests).
+    xla     XLA's attention (jax.nn.dot_product_attention): anything, anywhere.
+    auto    cudnn on GPU and splash on TPU where they apply, else xla. Asking for cudnn or splash where
+            it does not apply is a UserError saying why.
     """
-    if requested == "xla":
-        return "xla"
-    unmet = [
-        reason
-        for reason, failed in (
+    no_array = ("attention without a mask or bias array (padding masks, ALiBi and KV-cache decoding have one)",
+                has_mask_or_bias)
+    needs = {
+        "cudnn": [
             (f"a GPU (this is {platform})", platform != "gpu"),
             (f"bfloat16 or float16 compute (model.compute_dtype is {jnp.dtype(dtype).name})",
              jnp.dtype(dtype) not in CUDNN_DTYPES),
-            (f"a head dimension that is a multiple of 8 up to 128 (it is {head_dim})",
-             head_dim % 8 or head_dim > 128),
-            ("attention without a mask or bias array (padding masks, ALiBi and KV-cache decoding have one)",
-             has_mask_or_bias),
-        )
-        if failed
-    ]
-    if not unmet:
-        return "cudnn"
-    if requested == "cudnn":
-        raise UserError(f"model.attention_impl=cudnn needs {unmet[0]}; use attention_impl=auto or xla")
-    return "xla"
+            (f"a head dimension that is a multiple of 8 up to 128 (it is {head_dim})", head_dim % 8 or head_dim > 128),
+            no_array,
+        ],
+        "splash": [
+            (f"sequence lengths that are multiples of 128 (they are {lengths[0]} and {lengths[1]})",
+             any(n % 128 for n in lengths)),
+            no_array,
+        ],
+    }
+    if requested == "auto":
+        preferred = {"gpu": "cudnn", "tpu": "splash"}.get(platform)
+        return preferred if preferred and not any(failed for _, failed in needs[preferred]) else "xla"
+    unmet = [reason for reason, failed in needs.get(requested, []) if failed]
+    if unmet:
+        raise UserError(f"model.attention_impl={requested} needs {unmet[0]}; use attention_impl=auto or xla")
+    return requested
 
 
 def padding_mask(key_valid: jax.Array) -> jax.Array:
@@ -187,14 +196,18 @@ class MultiHeadAttention(nn.Module):
         else:
             if mask is not None:
                 mask = jnp.broadcast_to(mask, (mask.shape[0], mask.shape[1], length, k.shape[1]))
+            platform = jax.default_backend()
             implementation = attention_implementation(
-                self.implementation, jax.default_backend(), q.dtype, self.head_dim,
+                self.implementation, platform, q.dtype, self.head_dim, (length, k.shape[1]),
                 mask is not None or bias is not None,
             )
-            out = jax.nn.dot_product_attention(
-                q, k, v, bias=None if bias is None else bias.astype(q.dtype), mask=mask, is_causal=use_causal_flag,
-                implementation=implementation,
-            )
+            if implementation == "splash":
+                out = splash_attention(q, k, v, use_causal_flag, interpret=platform != "tpu")
+            else:
+                out = jax.nn.dot_product_attention(
+                    q, k, v, bias=None if bias is None else bias.astype(q.dtype), mask=mask,
+                    is_causal=use_causal_flag, implementation=implementation,
+                )
         out = constrain(out, ACTIVATION_AXES)  # (B, T, H, Dh)
 
         return Linear(  # (B, T, H, Dh) -> (B, T, D)

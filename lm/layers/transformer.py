@@ -72,7 +72,7 @@ class TransformerConfig:
     init: str = "gpt2"  # see lm.layers.initializers
     moe: MoeConfig = MoeConfig()
     dtype: Any = jnp.float32  # compute dtype; parameters stay float32
-    attention_impl: str = "auto"  # auto | xla | cudnn (see lm.layers.attention.ATTENTION_IMPLS)
+    attention_impl: str = "auto"  # auto | xla | cudnn | splash: see lm.layers.attention.attention_implementation
     scan_layers: bool = False  # one nn.scan over the layers instead of one module per layer
     remat: str = "none"  # none | dots | dots_no_batch | full: see REMAT_POLICIES
 

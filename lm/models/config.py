@@ -34,7 +34,7 @@ def transformer_options(**overrides) -> ml_collections.ConfigDict:
     model.init = "gpt2"  # gpt2 | normal | xavier | small (lm/layers/initializers.py)
     model.compute_dtype = "float32"  # float32 | bfloat16 (params stay float32: the optimizer's master copy)
     # How the model is computed, not what it computes (the same numerics): see lm/layers/transformer.py
-    model.attention_impl = "auto"  # auto | xla | cudnn: auto takes cuDNN flash attention on GPU where it applies
+    model.attention_impl = "auto"  # auto | xla | cudnn | splash: auto = cuDNN on GPU, splash on TPU where they apply
     model.scan_layers = False  # True: one nn.scan over the layers (compiles one layer, not num_layers)
     model.remat = "none"  # none | dots | dots_no_batch | full: activations recomputed in the backward pass
     model.moe = ml_collections.ConfigDict()

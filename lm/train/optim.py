@@ -3,6 +3,9 @@
 import jax
 import optax
 
+from lm.layers.moe import EXPERTS_NAME
+from lm.layers.transformer import SCANNED_NAME
+
 
 def learning_rate_schedule(cfg) -> optax.Schedule:
     """Linear warmup from 0 to learning_rate, cosine decay to min_learning_rate at decay_steps."""
@@ -16,8 +19,14 @@ def learning_rate_schedule(cfg) -> optax.Schedule:
 
 
 def decay_mask(params):
-    """Weight decay on matrices and embeddings only, not on biases or norm scales."""
-    return jax.tree.map(lambda p: p.ndim >= 2, params)
+    """Weight decay on matrices and embeddings only, not on biases or norm scales, also where they are
+    stacked: over layers by nn.scan (under 'blocks') or over mixture-of-experts experts."""
+
+    def is_matrix(path, p) -> bool:
+        stacked_axes = sum(getattr(key, "key", None) in (SCANNED_NAME, EXPERTS_NAME) for key in path)
+        return p.ndim - stacked_axes >= 2
+
+    return jax.tree_util.tree_map_with_path(is_matrix, params)
 
 
 def make_optimizer(cfg) -> optax.GradientTransformation:
