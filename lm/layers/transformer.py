@@ -11,7 +11,8 @@ How the stack is compiled is a config choice too, with the same numerics either 
   scan_layers=True   one `nn.scan` over layers: the parameters of all layers stacked on a leading
                      'layers' axis under 'blocks', one layer body compiled (compile time no longer
                      grows with depth). With mixture-of-experts every `moe.every` blocks, the scanned
-                     unit is that group of blocks (block_0 .. block_<every-1> under 'blocks').
+                     unit is that group of blocks (block_0 .. block_<every-1> under 'blocks'). The KV
+                     cache is stacked behind the rows, (B, layers, ...), so beam search can reorder rows.
   remat              what the backward pass keeps of each block's forward activations and what it
                      recomputes (jax.checkpoint policies), trading step time for memory:
                      none (keep all), dots (keep matmul outputs), dots_no_batch (keep the matmuls
@@ -285,7 +286,7 @@ class TransformerStack(nn.Module):
         if cfg.scan_layers:
             scanned = nn.scan(
                 checkpointed(BlockGroup, cfg.remat, in_scan=True),
-                variable_axes={"params": 0, "cache": 0, "moe": 0, "intermediates": 0},
+                variable_axes={"params": 0, "cache": 1, "moe": 0, "intermediates": 0},  # cache: rows first
                 split_rngs={"params": True, "dropout": True},
                 in_axes=(nn.broadcast,) * len(arrays),
                 length=cfg.num_layers // cfg.layer_period,
