@@ -324,7 +324,8 @@ def dry_run(config: ml_collections.ConfigDict, devices: list[jax.Device] | None 
           f"{format_bytes(report['output_bytes'])} ({format_bytes(report['alias_bytes'])} of them donated inputs) | "
           f"temporaries {format_bytes(report['temp_bytes'])} | code {format_bytes(report['code_bytes'])} | "
           f"total {format_bytes(peak)}")
-    print(f"FLOPs per step    {report['xla_flops_per_device'] / 1e9:,.3f} GFLOP per device (XLA) | "
+    print(f"FLOPs per step    {report['xla_flops_per_device'] / 1e9:,.3f} GFLOP per device (XLA; it counts a loop "
+          f"body once: scanned layers and accumulation steps are undercounted) | "
           f"{report['model_flops_per_step'] / 1e9:,.3f} GFLOP for the batch (model: 6N + attention)")
     print(f"compile           {compile_seconds:.1f} s")
     return report
