@@ -9,8 +9,8 @@ scheme, attention heads (grouped-query), dropout, initialisation and mixture-of-
 How the stack is compiled is a config choice too, with the same numerics either way:
   scan_layers=False  one block_<i> module per layer: XLA sees (and compiles) every layer
   scan_layers=True   one `nn.scan` over layers: the parameters of all layers stacked on a leading
-                     'layers' axis under 'blocks', one layer body compiled (compile time no longer
-                     grows with depth). With mixture-of-experts every `moe.every` blocks, the scanned
+                     'layers' axis under 'blocks', one layer body compiled (compile time grows little
+                     with depth). With mixture-of-experts every `moe.every` blocks, the scanned
                      unit is that group of blocks (block_0 .. block_<every-1> under 'blocks'). The KV
                      cache is stacked behind the rows, (B, layers, ...), so beam search can reorder rows.
   remat              what the backward pass keeps of each block's forward activations and what it
