@@ -21,20 +21,19 @@ from lm.errors import UserError
 TOKEN_DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}  # data.token_dtype -> file layout
 CHECK_AT_OPEN = 1 << 20  # ids checked against the vocabulary when a file is opened; the rest batch by batch
 TRAIN_STREAM, EVAL_STREAM = 0, 1  # synthetic ids: the first entropy word, so eval never repeats training
+FILE_FORMAT = "a raw array of little-endian token ids, as nanoGPT's data/*/prepare.py writes"
 
 
 def find_token_file(path: str, field: str) -> pathlib.Path:
     """path if absolute, else $LM_DATA_DIR/path (or the download cache); field names the config
     option it came from. A missing file is a UserError naming where it looked."""
-    how = (f"or give {field} as an absolute path; the file is a raw array of little-endian token ids, as "
-           "nanoGPT's data/*/prepare.py writes")
+    how = f"or give {field} as an absolute path; the file is {FILE_FORMAT}"
     candidate = pathlib.Path(path).expanduser()
     if not candidate.is_absolute():
         return find_file(path, how=how)
     if not candidate.is_file():
         raise UserError(f"data file {candidate} not found ({field}); give a path that exists, absolute or "
-                        f"relative to $LM_DATA_DIR: a raw array of little-endian token ids, as nanoGPT's "
-                        "data/*/prepare.py writes")
+                        f"relative to $LM_DATA_DIR: {FILE_FORMAT}")
     return candidate
 
 
