@@ -83,7 +83,7 @@ class Arm:
 
         with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
             start = time.perf_counter()
-            self.step_fn = self.jit_step().lower(self.state, self.batch).compile()
+            self.step_fn = self.jit_step().lower(self.state, (self.batch,)).compile()
             self.compile_seconds = min(self.compile_seconds, time.perf_counter() - start)
 
     def run(self, steps: int) -> float:
@@ -94,7 +94,7 @@ class Arm:
         with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
             start = time.perf_counter()
             for _ in range(steps):
-                self.state, metrics = self.step_fn(self.state, self.batch)
+                self.state, metrics = self.step_fn(self.state, (self.batch,))
             jax.block_until_ready(self.state)
         return (time.perf_counter() - start) / steps
 
@@ -107,14 +107,13 @@ def main(argv):
 
 
 def benchmark() -> None:
-    import jax
 
     from lm.train.flops import peak_flops_per_device
     from lm.train.loop import format_bytes
 
-    jax.config.update("jax_enable_compilation_cache", False)  # compile times from scratch
     key, values = parse_axis(_ARMS.value, flag="--arms")
-    arms = {value: Arm(resolve_config(_CONFIG.value, {**_OVERRIDES, key: value})) for value in values}
+    no_cache = {"train.compilation_cache_dir": "none"}  # compile times from scratch
+    arms = {value: Arm(resolve_config(_CONFIG.value, {**_OVERRIDES, **no_cache, key: value})) for value in values}
     for _ in range(_COMPILES.value - 1):
         for arm in arms.values():
             arm.compile()

@@ -68,7 +68,7 @@ def main(argv):
         holder = {"state": state, "metrics": None}
 
         def step(batch):
-            holder["state"], holder["metrics"] = step_fn(holder["state"], batch)
+            holder["state"], holder["metrics"] = step_fn(holder["state"], (batch,))
 
         def sync():
             jax.block_until_ready(holder["state"])
@@ -83,7 +83,7 @@ def main(argv):
         together_rate = images_per_second(
             lambda: step(sharding.assemble_batch(next(pipeline), mesh, batch_size)), _STEPS.value, batch_size, sync
         )
-    loss = float(np.asarray(holder["metrics"]["loss"]))
+    loss = float(np.asarray(holder["metrics"]["loss"])[-1])
 
     d = config.data
     print("\n=== benchmark: vit_cifar10 pipeline vs train step ===")

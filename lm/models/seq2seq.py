@@ -45,6 +45,7 @@ import jax
 import jax.numpy as jnp
 
 from lm.errors import UserError
+from lm.layers.embedding import TokenEmbedding
 from lm.layers.partitioning import param_init
 from lm.layers.rnn import (
     CELLS,
@@ -174,18 +175,10 @@ class Seq2Seq(nn.Module):
     def setup(self):
         cfg = self.config
         embed_init = nn.initializers.normal(1.0)
-        self.source_embed = nn.Embed(
-            cfg.source_vocab_size,
-            cfg.embed_dim,
-            dtype=cfg.dtype,
-            embedding_init=param_init(embed_init, ("vocab", "embed")),
-        )
-        self.target_embed = nn.Embed(
-            cfg.target_vocab_size,
-            cfg.embed_dim,
-            dtype=cfg.dtype,
-            embedding_init=param_init(embed_init, ("vocab", "embed")),
-        )
+        self.source_embed = TokenEmbedding(cfg.source_vocab_size, cfg.embed_dim, dtype=cfg.dtype,
+                                           embedding_init=param_init(embed_init, ("vocab", "embed")))
+        self.target_embed = TokenEmbedding(cfg.target_vocab_size, cfg.embed_dim, dtype=cfg.dtype,
+                                           embedding_init=param_init(embed_init, ("vocab", "embed")))
         self.encoder = BidirectionalEncoder(cfg.cell, cfg.hidden_dim, cfg.num_layers, cfg.dropout, dtype=cfg.dtype)
         self.bridge = [dense(cfg.hidden_dim, ("embed", "mlp"), dtype=cfg.dtype) for _ in range(cfg.num_layers)]
         self.step = DecoderStep(cfg)

@@ -13,8 +13,10 @@ import datetime
 import importlib
 import json
 import math
+import os
 import pathlib
 import signal
+import sys
 import threading
 import time
 
@@ -36,7 +38,7 @@ from lm.train.metrics import MetricWriter, truncate_log
 from lm.train.optim import learning_rate_schedule, make_optimizer
 from lm.train.prefetch import DevicePrefetcher
 from lm.train.state import TrainState
-from lm.train.step import make_eval_step, make_train_step
+from lm.train.step import make_eval_step, make_multi_step, make_train_step
 
 
 def load_experiment(config: ml_collections.ConfigDict) -> Experiment:
@@ -61,22 +63,44 @@ def prepare_directory(directory: str, option: str = "--workdir") -> pathlib.Path
     return path
 
 
-def use_compilation_cache(directory: str) -> None:
-    """Points JAX's persistent compilation cache at directory (created; one this process cannot
-    write to is a UserError), so that compiled programs are stored there and reused by later runs
-    and restarts; "" leaves JAX's own setting alone ($JAX_COMPILATION_CACHE_DIR, or none). JAX opens
-    its cache once per process, at the first compile that uses it, and then ignores changes to the
-    directory: so when the directory differs from the one set, the cache is also reset and the next
-    compile opens the new one (programs this process compiled before stay in its memory; a
-    notebook that trains again with another directory switches to it). JAX writes only programs
-    that took jax_persistent_cache_min_compile_time_secs (default 1 s) or more to compile, and only
-    from process 0."""
-    if not directory:
-        return
-    path = str(prepare_directory(directory, "--config.train.compilation_cache_dir"))
+def default_compilation_cache() -> str:
+    """$JAX_COMPILATION_CACHE_DIR if set, else a per-user folder: $XDG_CACHE_HOME/lm/jax_compilation_cache
+    (~/.cache/lm/jax_compilation_cache)."""
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return os.environ["JAX_COMPILATION_CACHE_DIR"]
+    cache_home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache_home, "lm", "jax_compilation_cache")
+
+
+def use_compilation_cache(directory: str) -> str:
+    """Points JAX's persistent compilation cache at directory, so that compiled programs are stored
+    there and reused by later runs and restarts; returns the folder in use ("" for none).
+
+    "auto" (the default) is default_compilation_cache(); when that folder cannot be written the run
+    goes on without a cache (with a warning). "none" or "" turns the cache off. Any other directory is
+    created, and one this process cannot write to is a UserError. JAX opens its cache once per
+    process, at the first compile that uses it, and then ignores changes to the directory: so when the
+    directory differs from the one set, the cache is also reset and the next compile opens the new
+    one (programs this process compiled before stay in its memory; a notebook that trains again with
+    another directory switches to it). JAX writes only programs that took
+    jax_persistent_cache_min_compile_time_secs (default 1 s) or more to compile, and only from
+    process 0."""
+    if directory in ("", "none"):
+        jax.config.update("jax_enable_compilation_cache", False)
+        return ""
+    if directory == "auto":
+        try:
+            path = str(prepare_directory(default_compilation_cache(), "--config.train.compilation_cache_dir"))
+        except UserError as e:
+            print(f"warning: no compilation cache: {e}", file=sys.stderr)
+            return use_compilation_cache("none")
+    else:
+        path = str(prepare_directory(directory, "--config.train.compilation_cache_dir"))
+    jax.config.update("jax_enable_compilation_cache", True)
     if jax.config.jax_compilation_cache_dir != path:
         jax.config.update("jax_compilation_cache_dir", path)
         compilation_cache.reset_cache()
+    return path
 
 
 def abstract_state(init_boxed, rng, mesh, rules):
@@ -138,10 +162,12 @@ class StopSignal:
 
 
 def count_nonfinite(unchecked: list[tuple[int, jax.Array]], policy: str, last_checkpoint: int | None) -> int:
-    """How many of the (step, nonfinite flag) pairs flag a NaN/Inf loss or gradient (the step did
-    not update the weights); with policy 'stop', the first one is a UserError instead."""
+    """How many steps the (first step, (n,) nonfinite flags of steps first .. first + n - 1) pairs flag
+    with a NaN/Inf loss or gradient (the step did not update the weights); with policy 'stop', the
+    first one is a UserError instead."""
     flags = jax.device_get([flag for _, flag in unchecked])
-    bad = [step for (step, _), flag in zip(unchecked, flags, strict=True) if flag > 0]
+    bad = [first + i for (first, _), step_flags in zip(unchecked, flags, strict=True)
+           for i in np.flatnonzero(np.ravel(step_flags) > 0)]
     if bad and policy == "stop":
         saved = f"the checkpoint at step {last_checkpoint} is intact" if last_checkpoint else "no checkpoint yet"
         raise UserError(
@@ -170,8 +196,16 @@ class CompiledPerShape:
             self.compiled[shapes] = self.jitted_step.lower(state, batch).compile()
             seconds = time.perf_counter() - start
             self.seconds += seconds
-            print(f"compiled the train step for batch shapes {sorted(set(shapes))} in {seconds:.1f}s")
+            steps = f", {len(batch)} steps per call" if isinstance(batch, tuple) else ""
+            print(f"compiled the train step for batch shapes {sorted(set(shapes))}{steps} in {seconds:.1f}s")
         return self.compiled[shapes](state, batch)
+
+
+def steps_until_boundary(step: int, steps_per_dispatch: int, num_steps: int, intervals: tuple[int, ...]) -> int:
+    """How many steps the next dispatch runs after step: steps_per_dispatch, or fewer to stop at the
+    next multiple of an interval (a log, eval or checkpoint step) or at num_steps."""
+    boundary = min([num_steps] + [(step // every + 1) * every for every in intervals])
+    return min(steps_per_dispatch, boundary - step)
 
 
 def host_local(tree):
@@ -193,9 +227,17 @@ def format_duration(seconds: float) -> str:
 
 
 def mean_metrics(metrics_list: list[dict], weights: list | None = None) -> dict[str, float]:
-    """The (weighted) mean of each scalar over a list of metric dicts."""
+    """The (weighted) mean of each metric over a list of metric dicts. A metric is a scalar or an
+    (n,) array (n steps' values), each value weighted with its dict's weight (default 1)."""
     host, weights = jax.device_get((metrics_list, weights))
-    return {k: float(np.average([m[k] for m in host], weights=weights)) for k in host[0]}
+    weights = np.ones(len(host)) if weights is None else np.asarray(weights, np.float64)
+
+    def mean(key: str) -> float:
+        values = [np.ravel(m[key]) for m in host]
+        value_weights = [np.full(len(v), w) for v, w in zip(values, weights, strict=True)]
+        return float(np.average(np.concatenate(values), weights=np.concatenate(value_weights)))
+
+    return {k: mean(k) for k in host[0]}
 
 
 def state_builder(experiment: Experiment, optimizer):
@@ -215,10 +257,12 @@ def init_state(init_boxed, rng: jax.Array, state_shardings) -> TrainState:
 
 
 def jit_train_step(config: ml_collections.ConfigDict, experiment: Experiment, optimizer, state_shardings, mesh):
-    """The jitted (state, global batch) -> (state, metrics) step the trainer runs, the state donated."""
+    """The jitted (state, (global batch, ...)) -> (state, metrics) program the trainer runs: one train
+    step per batch of the tuple (train.steps_per_dispatch of them, fewer before a log, eval or
+    checkpoint step), the metrics stacked (n,), the state donated."""
     return jax.jit(
-        make_train_step(experiment.loss, optimizer, learning_rate_schedule(config.optimizer),
-                        config.train.grad_accum_steps, config.seed),
+        make_multi_step(make_train_step(experiment.loss, optimizer, learning_rate_schedule(config.optimizer),
+                                        config.train.grad_accum_steps, config.seed)),
         in_shardings=(state_shardings, sharding.batch_sharding(mesh)),
         out_shardings=(state_shardings, None),
         donate_argnums=0,
@@ -265,13 +309,16 @@ def restore_params(config: ml_collections.ConfigDict, experiment: Experiment, wo
 
 def build(config: ml_collections.ConfigDict, devices: list[jax.Device] | None):
     """(mesh, logical rules, experiment, optimizer, init_boxed) for config on devices (default: all),
-    after checking that the mesh fits the devices and divides the batch; turns on
-    train.compilation_cache_dir, before anything is compiled."""
+    after checking that the mesh fits the devices and divides the batch; turns on (and names) the
+    compilation cache of train.compilation_cache_dir, before anything is compiled."""
     if config.train.on_nonfinite not in ("stop", "skip"):
         raise UserError(f"train.on_nonfinite={config.train.on_nonfinite!r}: use 'stop' or 'skip'")
     if config.train.prefetch < 0:
         raise UserError(f"train.prefetch={config.train.prefetch}: use 0 (off) or more batches")
-    use_compilation_cache(config.train.compilation_cache_dir)
+    if config.train.steps_per_dispatch < 1:
+        raise UserError(f"train.steps_per_dispatch={config.train.steps_per_dispatch}: use 1 or more steps")
+    cache = use_compilation_cache(config.train.compilation_cache_dir)
+    print(f"compilation cache: {cache or 'off'}")
     mesh = sharding.make_mesh(config.mesh.to_dict(), devices)
     sharding.check_batch(config.train.batch_size, config.train.grad_accum_steps, mesh)
     rules = sharding.logical_rules(config.sharding_rules)
@@ -298,7 +345,7 @@ def dry_run(config: ml_collections.ConfigDict, devices: list[jax.Device] | None 
         state_shapes, state_shardings = abstract_state(init_boxed, jax.random.key(config.seed), mesh, rules)
         start = time.perf_counter()
         step = jit_train_step(config, experiment, optimizer, state_shardings, mesh)
-        compiled = step.lower(state_shapes, batch_shapes).compile()
+        compiled = step.lower(state_shapes, (batch_shapes,)).compile()
         compile_seconds = time.perf_counter() - start
     memory = compiled.memory_analysis()
     cost = compiled.cost_analysis()
@@ -431,20 +478,24 @@ def _train_loop(config, experiment, mesh, state, state_shardings, batches, optim
     last_checkpoint = start_step or None
     loop_start = time.perf_counter()
     last_eval = evaluate(step) if step == 0 else {}
-    pending: list[dict] = []  # metrics since the last log line
-    unchecked: list[tuple[int, jax.Array]] = []  # (step, nonfinite flag) since the last check
+    pending: list[dict] = []  # metrics (n,) of each dispatch since the last log line
+    unchecked: list[tuple[int, jax.Array]] = []  # (first step, (n,) nonfinite flags) since the last check
     skipped = 0
     interval_start, interval_steps = time.perf_counter(), 0
     stopping = False
+    # Nothing here waits for the devices between log, eval and checkpoint steps: the device values
+    # (metrics, NaN flags) are read there, and the host runs ahead, dispatching the next steps.
     while step < tcfg.num_steps and not stopping:
-        batch = next(batches)
+        count = steps_until_boundary(step, tcfg.steps_per_dispatch, tcfg.num_steps,
+                                     (tcfg.log_every, config.eval.every, tcfg.checkpoint_every))
+        batch_group = tuple(next(batches) for _ in range(count))
         compile_seconds = train_step.seconds
-        state, metrics = train_step(state, batch)
+        state, metrics = train_step(state, batch_group)
         interval_start += train_step.seconds - compile_seconds  # compiling is not training time
-        step += 1
         pending.append(metrics)
-        unchecked.append((step, metrics["nonfinite"]))
-        interval_steps += 1
+        unchecked.append((step + 1, metrics["nonfinite"]))
+        step += count
+        interval_steps += count
         stopping = stop.stop_after(step)
         log_now = step % tcfg.log_every == 0 or step == tcfg.num_steps
         save_now = step % tcfg.checkpoint_every == 0 or step == tcfg.num_steps or stopping

@@ -41,10 +41,15 @@ def train_options(**overrides) -> ml_collections.ConfigDict:
     # step (the host pipeline and the copy overlap the step before); 0 = load each in the step's turn.
     # The batches are the same either way.
     options.prefetch = 2
+    # Train steps per dispatch from the host: k > 1 runs k steps in one program (a scan over k
+    # batches) where no log, eval or checkpoint step falls between, for small models whose steps are
+    # shorter than the host's time to launch one. Same batches, same updates as k = 1.
+    options.steps_per_dispatch = 1
     # Where compiled programs are stored and reused by later runs and restarts (JAX's persistent
-    # compilation cache: programs that took at least 1 s to compile, written by process 0);
-    # "" = leave JAX's own setting alone ($JAX_COMPILATION_CACHE_DIR, or no cache).
-    options.compilation_cache_dir = ""
+    # compilation cache: programs that took at least 1 s to compile, written by process 0).
+    # "auto" = $JAX_COMPILATION_CACHE_DIR, else ~/.cache/lm/jax_compilation_cache ($XDG_CACHE_HOME);
+    # "none" = no cache; or a folder.
+    options.compilation_cache_dir = "auto"
     options.peak_flops = 0.0  # per device, for MFU; 0 = look up or measure
     options.wandb_project = ""  # non-empty turns Weights & Biases logging on
     options.update(overrides)

@@ -1,0 +1,144 @@
+"""The accelerator defaults, checked on CPU: no bf16 scatter in a bf16 train step, k train steps per
+dispatch equal k single steps, the loop reads device values only at log/eval/checkpoint steps, and
+the persistent compilation cache is on by default and makes a second run compile faster."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+from lm.errors import UserError
+from lm.train import loop
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def lowered_train_step(config) -> str:
+    """The StableHLO of config's train step as the trainer builds it (one device), before XLA
+    optimises it (XLA:CPU upcasts bf16 scatters to f32 afterwards; XLA:GPU runs them as they are)."""
+    mesh, rules, experiment, optimizer, init_boxed = loop.build(config, jax.devices()[:1])
+    batch = next(iter(loop.process_train_data(config, experiment, mesh, 0)))
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        shapes, shardings = loop.abstract_state(init_boxed, jax.random.key(0), mesh, rules)
+        step = loop.jit_train_step(config, experiment, optimizer, shardings, mesh)
+        return step.lower(shapes, (batch,)).as_text()
+
+
+def scatter_operand_types(hlo: str) -> list[str]:
+    """The operand tensor type (e.g. '128x32xf32') of every stablehlo.scatter in the module."""
+    return re.findall(r'"stablehlo\.scatter".*?\}\) : \(tensor<([^>]*)>', hlo, re.S)
+
+
+def test_a_bf16_train_step_has_no_bf16_scatter(data_dir, test_config):
+    """The token lookup's gradient is a scatter-add into the table: in f32, never bf16 (slow on GPUs)."""
+    test_config.model.compute_dtype = "bfloat16"
+    scatters = scatter_operand_types(lowered_train_step(test_config))
+    vocab_rows = 128  # Tiny Shakespeare's 65 characters padded to a multiple of 64
+    assert any(t.startswith(f"{vocab_rows}x32x") for t in scatters), scatters  # the embedding's gradient is there
+    assert not [t for t in scatters if t.endswith("bf16")], scatters
+
+
+def test_scatter_types_are_read_from_the_hlo():
+    """The pattern above finds a bf16 scatter where there is one (so the test above can fail)."""
+    table = jax.numpy.zeros((10, 4), jax.numpy.bfloat16)
+    grad = jax.grad(lambda t: t[np.array([1, 1, 3])].astype(np.float32).sum())
+    assert scatter_operand_types(jax.jit(grad).lower(table).as_text()) == ["10x4xbf16"]
+
+
+@pytest.mark.parametrize("step, expected", [(0, 4), (4, 2), (6, 4), (10, 2), (22, 2), (23, 1)])
+def test_steps_until_boundary(step, expected):
+    """4 steps per dispatch, logs every 6, evals every 12, 24 steps: dispatches end on each boundary."""
+    assert loop.steps_until_boundary(step, 4, 24, (6, 12, 12)) == expected
+
+
+def train_log(config, workdir) -> tuple[list[dict], dict]:
+    loop.train(config, str(workdir), devices=jax.devices()[:1])
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    from experiments.language_model import build
+
+    return records, loop.restore_params(config, build(config), workdir)
+
+
+def test_k_steps_per_dispatch_equal_k_single_steps(data_dir, test_config, tmp_path):
+    """steps_per_dispatch=4 with logs every 6 steps (dispatches of 4 and 2 steps): the same logged
+    losses, grad norms and eval losses, and the same final parameters, as one step per dispatch."""
+    test_config.train.update(num_steps=12, log_every=6, checkpoint_every=12)
+    test_config.eval.every = 12
+    single, single_params = train_log(test_config, tmp_path / "single")
+    test_config.train.steps_per_dispatch = 4
+    multi, multi_params = train_log(test_config, tmp_path / "multi")
+    for key in ("loss", "grad_norm", "learning_rate", "eval_loss"):
+        a = [(r["step"], r[key]) for r in single if key in r]
+        b = [(r["step"], r[key]) for r in multi if key in r]
+        assert len(a) >= 2 and [s for s, _ in a] == [s for s, _ in b], (key, a, b)
+        np.testing.assert_allclose([v for _, v in a], [v for _, v in b], rtol=1e-5, err_msg=key)
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6), single_params, multi_params)
+
+
+def test_a_bad_steps_per_dispatch_is_a_user_error(test_config):
+    test_config.train.steps_per_dispatch = 0
+    with pytest.raises(UserError, match=r"train.steps_per_dispatch=0"):
+        loop.build(test_config, None)
+
+
+def test_the_loop_reads_device_values_only_at_log_eval_and_checkpoint_steps(data_dir, test_config, tmp_path,
+                                                                           monkeypatch):
+    """24 steps, one log/eval/checkpoint at the end: no implicit device->host transfer at all (the
+    transfer guard raises on one), and a handful of explicit reads (the step-0 and final evals, the
+    final log and NaN check), not one per step."""
+    test_config.train.update(num_steps=24, log_every=24, checkpoint_every=24)
+    test_config.eval.every = 24
+    reads = []
+    device_get = jax.device_get
+    monkeypatch.setattr(jax, "device_get", lambda tree: reads.append(1) or device_get(tree))
+    with jax.transfer_guard_device_to_host("disallow"):
+        loop.train(test_config, str(tmp_path), devices=jax.devices()[:1])
+    assert 0 < len(reads) <= 6, len(reads)
+
+
+def test_the_compilation_cache_is_on_by_default(tmp_path, monkeypatch):
+    """'auto': $JAX_COMPILATION_CACHE_DIR, else a per-user folder under $XDG_CACHE_HOME; 'none' is
+    off; an unwritable default folder means no cache (a warning), not a failed run."""
+    from jax.experimental.compilation_cache import compilation_cache
+
+    before = jax.config.jax_compilation_cache_dir, jax.config.jax_enable_compilation_cache
+    try:
+        monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "from_env"))
+        assert loop.use_compilation_cache("auto") == str(tmp_path / "from_env")
+        monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+        assert loop.use_compilation_cache("auto") == str(tmp_path / "xdg" / "lm" / "jax_compilation_cache")
+        assert jax.config.jax_enable_compilation_cache
+        (tmp_path / "blocker").write_text("")
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "blocker"))
+        assert loop.use_compilation_cache("auto") == ""
+        assert loop.use_compilation_cache("none") == "" and not jax.config.jax_enable_compilation_cache
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before[0])
+        jax.config.update("jax_enable_compilation_cache", before[1])
+        compilation_cache.reset_cache()
+
+
+def test_a_second_identical_run_compiles_faster(tmp_path, data_dir):
+    """Two runs of the same command with the default cache (a fresh per-user folder here): the second
+    names the same cache in its first lines and loads the train step instead of compiling it."""
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    env.update(XDG_CACHE_HOME=str(tmp_path / "cache_home"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    compile_seconds = []
+    for run in ("first", "second"):
+        result = subprocess.run(
+            [sys.executable, "-m", "lm.main", "--config=configs/gpt_shakespeare.py:test", f"--workdir={tmp_path / run}",
+             "--config.train.num_steps=2", "--config.sample.max_new_tokens=0", "--config.model.num_layers=4"],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+        )
+        assert result.returncode == 0, result.stderr[-2000:]
+        cache = tmp_path / "cache_home" / "lm" / "jax_compilation_cache"
+        assert result.stdout.splitlines()[0] == f"compilation cache: {cache}"
+        compile_seconds.append(json.loads((tmp_path / run / "summary.json").read_text())["compile_seconds"])
+    assert compile_seconds[1] < 0.6 * compile_seconds[0], compile_seconds
