@@ -110,6 +110,9 @@ class ImageClassification:
         return images.train_batches(*self.splits["train"], batch_size, seed, shard, self.augmentation(),
                                     self.config.data.num_workers, start_step)
 
+    def batch_variants(self, batch):
+        return [batch]  # one shape
+
     def eval_data(self, split: str = "val"):
         return images.eval_batches(*self.splits[split], self.config.eval.batch_size)
 

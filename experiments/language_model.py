@@ -79,6 +79,9 @@ class LanguageModel:
             )
         return text.train_windows(self.train_tokens, length, batch_size, seed, shard, start_step)
 
+    def batch_variants(self, batch):
+        return [batch]  # one shape
+
     def eval_data(self):
         return self.val_windows(self.config.data.context_length)
 

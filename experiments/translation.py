@@ -94,6 +94,11 @@ class Translation:
         return translation.train_batches(sources, targets, batch_size, seed, shard, self.config.data.buckets,
                                          start_step)
 
+    def batch_variants(self, batch):
+        """One per length bucket: the (B, L) arrays at each bucket's L, the (B,) ones as they are."""
+        return [{k: jax.ShapeDtypeStruct((x.shape[0], length), x.dtype, sharding=x.sharding) if x.ndim == 2 else x
+                 for k, x in batch.items()} for length in self.config.data.buckets]
+
     def eval_data(self, split: str = "val"):
         sources, targets = self.splits[split]
         return translation.eval_batches(sources, targets, self.config.eval.batch_size, self.config.data.buckets)

@@ -35,6 +35,11 @@ class Experiment(Protocol):
         batch s depends on the seed and s only (not on the number of processes), so a run resumes
         at its checkpoint's step on any topology."""
 
+    def batch_variants(self, batch: dict[str, jax.ShapeDtypeStruct]) -> list[dict[str, jax.ShapeDtypeStruct]]:
+        """The shapes of every training batch train_data can yield, from those of one (global) batch:
+        [batch] for data of one shape; one per length bucket for bucketed data. The trainer compiles
+        the train step for all of them at the start, in parallel."""
+
     def eval_data(self) -> Iterable[Batch]:
         """The fixed eval batches, whole (every process reads them; each feeds its devices' rows)."""
 

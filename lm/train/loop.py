@@ -9,8 +9,10 @@ loads only its rows of every batch, all of them save the checkpoints together, a
 writes the logs and results.
 """
 
+import concurrent.futures
 import datetime
 import importlib
+import itertools
 import json
 import math
 import os
@@ -19,6 +21,7 @@ import signal
 import sys
 import threading
 import time
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -181,24 +184,49 @@ def count_nonfinite(unchecked: list[tuple[int, jax.Array]], policy: str, last_ch
 
 
 class CompiledPerShape:
-    """A jitted step(state, batch), compiled ahead of time once per batch shape (length-bucketed
-    batches bring a few), with the compile time of each kept for the logs."""
+    """A jitted step(state_or_params, batch), compiled ahead of time once per batch shape (length-
+    bucketed batches bring a few), with the compile seconds kept for the logs; `name` for them."""
 
-    def __init__(self, jitted_step):
+    def __init__(self, jitted_step, name: str = "train step"):
         self.jitted_step = jitted_step
+        self.name = name
         self.compiled: dict[tuple, jax.stages.Compiled] = {}
         self.seconds = 0.0
 
+    @staticmethod
+    def key(batch) -> tuple:
+        return tuple(x.shape for x in jax.tree.leaves(batch))
+
     def __call__(self, state, batch):
-        shapes = tuple(x.shape for x in jax.tree.leaves(batch))
-        if shapes not in self.compiled:
-            start = time.perf_counter()
-            self.compiled[shapes] = self.jitted_step.lower(state, batch).compile()
-            seconds = time.perf_counter() - start
-            self.seconds += seconds
-            steps = f", {len(batch)} steps per call" if isinstance(batch, tuple) else ""
-            print(f"compiled the train step for batch shapes {sorted(set(shapes))}{steps} in {seconds:.1f}s")
-        return self.compiled[shapes](state, batch)
+        if self.key(batch) not in self.compiled:
+            compile_in_parallel([(self, state, batch)])
+        return self.compiled[self.key(batch)](state, batch)
+
+
+def compile_in_parallel(jobs: list[tuple[CompiledPerShape, Any, Any]]) -> None:
+    """Compiles each (step, state, batch) job whose shapes its step has not compiled yet: traced and
+    lowered one after another, then compiled all at once in threads (XLA compiles them in parallel,
+    on as many cores as there are jobs). batch may hold jax.ShapeDtypeStructs. The wall time is
+    added to the first job's step."""
+    todo: dict[tuple, tuple[CompiledPerShape, Any]] = {}
+    for step, state, batch in jobs:
+        if step.key(batch) not in step.compiled and (id(step), step.key(batch)) not in todo:
+            todo[(id(step), step.key(batch))] = (step, step.jitted_step.lower(state, batch), batch)
+    if not todo:
+        return
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(len(todo)) as pool:
+        compiled = list(pool.map(lambda job: job[1].compile(), todo.values()))
+    seconds = time.perf_counter() - start
+    jobs[0][0].seconds += seconds
+    for (step, _, batch), executable in zip(todo.values(), compiled, strict=True):
+        step.compiled[step.key(batch)] = executable
+        shapes = sorted({x.shape for x in jax.tree.leaves(batch)})
+        steps = f", {len(batch)} steps per call" if isinstance(batch, tuple) else ""
+        print(f"compiled the {step.name} for batch shapes {shapes}{steps}" + (
+            f" in {seconds:.1f}s" if len(todo) == 1 else ""))
+    if len(todo) > 1:
+        print(f"compiled {len(todo)} programs in parallel in {seconds:.1f}s")
 
 
 def steps_until_boundary(step: int, steps_per_dispatch: int, num_steps: int, intervals: tuple[int, ...]) -> int:
@@ -447,9 +475,9 @@ def _train_loop(config, experiment, mesh, state, state_shardings, batches, optim
     tcfg = config.train
     batch_sharding = sharding.batch_sharding(mesh)
     train_step = CompiledPerShape(jit_train_step(config, experiment, optimizer, state_shardings, mesh))
-    eval_step = jax.jit(
+    eval_step = CompiledPerShape(jax.jit(
         make_eval_step(experiment.loss, experiment.eval_weight), in_shardings=(state_shardings.params, batch_sharding)
-    )
+    ), "eval step")
     eval_batches = list(experiment.eval_data())
 
     num_params = count_params(state.params)
@@ -474,9 +502,20 @@ def _train_loop(config, experiment, mesh, state, state_shardings, batches, optim
         print(f"step {step:>6} | eval loss {results['eval_loss']:.4f}")
         return results
 
+    def abstract(batch) -> dict[str, jax.ShapeDtypeStruct]:
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=batch_sharding), batch)
+
     step = start_step
     last_checkpoint = start_step or None
     loop_start = time.perf_counter()
+    if step < tcfg.num_steps:  # every batch shape of the train and eval data, compiled at once
+        first = next(batches)
+        batches = itertools.chain([first], batches)
+        group = min(tcfg.steps_per_dispatch, tcfg.num_steps - step)
+        compile_in_parallel(
+            [(train_step, state, (variant,) * group) for variant in experiment.batch_variants(abstract(first))]
+            + [(eval_step, state.params, abstract(b)) for b in eval_batches]
+        )
     last_eval = evaluate(step) if step == 0 else {}
     pending: list[dict] = []  # metrics (n,) of each dispatch since the last log line
     unchecked: list[tuple[int, jax.Array]] = []  # (first step, (n,) nonfinite flags) since the last check
@@ -528,7 +567,7 @@ def _train_loop(config, experiment, mesh, state, state_shardings, batches, optim
     summary = {"step": step, **last_eval, "num_params": num_params, "active_params": active_params,
                "skipped_steps": skipped}
     if train_step.compiled:  # this segment trained (a rerun of a finished run does not)
-        summary["compile_seconds"] = train_step.seconds
+        summary["compile_seconds"] = train_step.seconds + eval_step.seconds
         summary["train_seconds"] = time.perf_counter() - loop_start  # compiles, evals, checkpoints included
     if stopping:
         return {**summary, "stopped_by": stop.received}
