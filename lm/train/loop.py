@@ -29,6 +29,7 @@ from lm import sharding
 from lm.distributed import is_primary
 from lm.errors import UserError
 from lm.runs import CONFIG_FILE, METRICS_FILE, RESULTS_FILE, SUMMARY_FILE
+from lm.train import init_from
 from lm.train.checkpoint import Checkpointer
 from lm.train.experiment import Experiment
 from lm.train.flops import peak_flops_per_device
@@ -348,7 +349,13 @@ def train(
         if tcfg.checkpoint_dir and "://" not in checkpoints:  # (the workdir's own was checked above)
             prepare_directory(checkpoints, "--config.train.checkpoint_dir")
         checkpointer = Checkpointer(checkpoints, tcfg.keep_checkpoints)
-        restored = checkpointer.restore_latest(state_shapes, tcfg.restore_fallback)
+        try:
+            restored = checkpointer.restore_latest(state_shapes, tcfg.restore_fallback)
+            initial_params = init_from.prepare(tcfg.init_from, tcfg.init_from_rename, state_shapes.params,
+                                               resumed_step=restored[0] if restored else None)
+        except BaseException:
+            checkpointer.close()  # (its background clean-up must end before the process does)
+            raise
         # Every check has passed: from here on the workdir is written to.
         if is_primary():
             (workdir_path / CONFIG_FILE).write_text(config.to_json_best_effort(indent=2))
@@ -356,6 +363,8 @@ def train(
 
         if restored is None:
             state = init_state(init_boxed, init_rng, state_shardings)
+            if initial_params:
+                state = state.replace(params=initial_params.load(state.params, state_shardings.params, mesh))
             start_step = 0
         else:
             start_step, state = restored
