@@ -33,6 +33,7 @@ from lm.train import init_from
 from lm.train.checkpoint import Checkpointer
 from lm.train.experiment import Experiment
 from lm.train.flops import peak_flops_per_device
+from lm.train.lock import workdir_lock
 from lm.train.metrics import MetricWriter, truncate_log
 from lm.train.optim import learning_rate_schedule, make_optimizer
 from lm.train.prefetch import DevicePrefetcher
@@ -337,10 +338,16 @@ def train(
 ) -> dict[str, float]:
     """Trains to config.train.num_steps on devices (default: all); returns the last eval metrics
     (prefixed 'eval_') and run facts. Raises Stopped when SIGTERM or SIGINT ended it early (after
-    saving a checkpoint)."""
-    tcfg = config.train
+    saving a checkpoint). A second run on the same workdir stops at once (lm.train.lock)."""
     workdir_path = prepare_directory(workdir)
     mesh, rules, experiment, optimizer, init_boxed = build(config, devices)
+    with workdir_lock(workdir_path, jax.process_index()):  # before anything is written there
+        return _train_locked(config, workdir_path, mesh, rules, experiment, optimizer, init_boxed)
+
+
+def _train_locked(config, workdir_path, mesh, rules, experiment, optimizer, init_boxed) -> dict[str, float]:
+    """train(), once the workdir is checked and this process holds its lock."""
+    tcfg = config.train
     init_rng = jax.random.key(config.seed)
 
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
