@@ -13,7 +13,7 @@ from conftest import REPO
 from test_cli import CONFIG, assert_user_error, run
 
 from lm.errors import UserError
-from lm.train.lock import lock_path, workdir_lock
+from lm.train.lock import lock_path, still_named, workdir_lock
 
 
 def test_a_held_lock_stops_a_second_holder_but_not_another_process_index(tmp_path):
@@ -26,6 +26,23 @@ def test_a_held_lock_stops_a_second_holder_but_not_another_process_index(tmp_pat
             pass
     with workdir_lock(tmp_path, 0):  # released on leaving the block
         assert f"pid {os.getpid()}" in lock_path(tmp_path, 0).read_text()
+    assert not any(tmp_path.iterdir())  # and the lock files removed
+
+
+def test_a_lock_file_removed_after_it_was_opened_is_told_apart(tmp_path):
+    """What take_lock checks after flock: a holder that ends removes the file, so a process that had
+    opened it before must open the path again (else two processes would hold two different files)."""
+    path = tmp_path / "lock"
+    path.write_text("")
+    descriptor = os.open(path, os.O_RDWR)
+    try:
+        assert still_named(path, descriptor)
+        path.unlink()
+        assert not still_named(path, descriptor)
+        path.write_text("")  # a new file under the same name
+        assert not still_named(path, descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def training_process(workdir) -> subprocess.Popen:

@@ -4,9 +4,10 @@
 waiting: when another process holds it, a UserError names the workdir and the holder (host, pid,
 start time, which the holder writes into the file). The kernel releases the lock when its holder
 exits in any way, SIGKILL and crashes included, so a lock file left behind never blocks the next
-run. The processes of one multi-process run (lm.distributed) share the workdir and run the same
-command: each takes the lock of its own process index, so they never block each other, while a
-second run's process i finds the first run's process i holding the same file.
+run (a run that ends removes its lock file). The processes of one multi-process run
+(lm.distributed) share the workdir and run the same command: each takes the lock of its own
+process index, so they never block each other, while a second run's process i finds the first
+run's process i holding the same file.
 
 On a shared filesystem the lock works where the filesystem supports flock (local disks; NFS, where
 Linux maps it onto NFS byte-range locks); where it does not (some FUSE mounts) the run goes on
@@ -39,25 +40,46 @@ def holder_description() -> str:
 @contextlib.contextmanager
 def workdir_lock(workdir: pathlib.Path, process_index: int) -> Iterator[None]:
     """Holds the workdir's lock for process_index for the duration of the block; raises UserError
-    at once (nothing else written) when another process holds it."""
+    at once (nothing else written) when another process holds it. On leaving, the lock file is
+    removed (one a killed holder left behind stays, unlocked, and is taken over)."""
     path = lock_path(workdir, process_index)
-    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by exec'd children
+    descriptor = take_lock(path, workdir)
     try:
+        os.ftruncate(descriptor, 0)
+        os.pwrite(descriptor, holder_description().encode() + b"\n", 0)
+        yield
+    finally:
+        path.unlink(missing_ok=True)  # before the lock goes: a process that then opens the path makes a new file
+        os.close(descriptor)  # releases the lock
+
+
+def take_lock(path: pathlib.Path, workdir: pathlib.Path) -> int:
+    """An open descriptor of path, exclusively flock'ed; UserError when another process holds it."""
+    while True:
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by exec'd children
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(descriptor, 1024, 0).decode(errors="replace").strip() or "it is starting up"
+            os.close(descriptor)
             raise UserError(
                 f"{workdir} is in use by another training run ({holder}): wait for it to finish or stop it, "
                 "or pass another --workdir"
             ) from None
         except OSError as e:
             if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                os.close(descriptor)
                 raise
             print(f"warning: cannot lock {path} ({e.strerror}); nothing stops a second run from using "
                   f"{workdir} at the same time", file=sys.stderr)
-        os.ftruncate(descriptor, 0)
-        os.pwrite(descriptor, holder_description().encode() + b"\n", 0)
-        yield
-    finally:
-        os.close(descriptor)  # releases the lock (the file stays; its contents name the last holder)
+        if still_named(path, descriptor):
+            return descriptor
+        os.close(descriptor)  # its holder removed it on leaving, after this process opened it: again
+
+
+def still_named(path: pathlib.Path, descriptor: int) -> bool:
+    """Whether path still names the file that descriptor has open."""
+    try:
+        return os.stat(path).st_ino == os.fstat(descriptor).st_ino
+    except FileNotFoundError:
+        return False
