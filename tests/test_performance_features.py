@@ -14,7 +14,7 @@ import pytest
 
 from lm.errors import UserError
 from lm.layers.attention import attention_implementation
-from lm.layers.transformer import SCANNED_NAME, MoeConfig, TransformerConfig, sown_per_layer
+from lm.layers.transformer import SCANNED_NAME, MoeConfig, TransformerConfig, sown_per_layer, stack_layers
 from lm.models.gpt import GPT, GPTConfig
 
 BLOCKS = TransformerConfig(num_layers=4, embed_dim=16, num_heads=4, num_kv_heads=2)
@@ -32,15 +32,9 @@ def init(config: GPTConfig, seed=0):
     return nn.unbox(jax.jit(GPT(config).init)(jax.random.key(seed), tokens)["params"])
 
 
-def stack_layers(params: dict, config: TransformerConfig, stack: str = "decoder") -> dict:
-    """The unrolled stack's block_<i> params as the scanned layout: params[stack]['blocks']['block_<j>']
-    with a leading axis over the scan (layer i = scan index * period + j)."""
-    period = config.layer_period
-    blocks = {f"block_{j}": jax.tree.map(lambda *layers: jnp.stack(layers),
-                                         *[params[stack][f"block_{i}"] for i in range(j, config.num_layers, period)])
-              for j in range(period)}
-    rest = {k: v for k, v in params[stack].items() if not k.startswith("block_")}
-    return {**params, stack: {**rest, SCANNED_NAME: blocks}}
+def scanned_layout(params: dict, config: TransformerConfig) -> dict:
+    """A GPT's params (or gradients, a mask) with the decoder stack in the scanned layout."""
+    return {**params, "decoder": stack_layers(params["decoder"], config.layer_period)}
 
 
 def tokens(shape=(3, 12), seed=1):
@@ -73,7 +67,7 @@ def test_scanned_stack_equals_the_unrolled_one(moe):
     unrolled = gpt(moe=moe)
     scanned = gpt(moe=moe, scan_layers=True)
     params = init(unrolled)
-    stacked = stack_layers(params, unrolled.transformer)
+    stacked = scanned_layout(params, unrolled.transformer)
     scanned_shapes = jax.eval_shape(GPT(scanned).init, jax.random.key(0), jnp.zeros((1, 12), jnp.int32))["params"]
     assert jax.tree.map(jnp.shape, stacked) == jax.tree.map(jnp.shape, nn.unbox(scanned_shapes))
     x, y = tokens(), tokens(seed=2)
@@ -85,7 +79,7 @@ def test_scanned_stack_equals_the_unrolled_one(moe):
     scanned_loss, scanned_grads = loss_and_grads(scanned, stacked, x, y)
     np.testing.assert_allclose(scanned_loss, loss, rtol=1e-6)
     jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-4, atol=1e-7),
-                 scanned_grads, stack_layers(grads, unrolled.transformer))
+                 scanned_grads, scanned_layout(grads, unrolled.transformer))
 
 
 @pytest.mark.parametrize("remat, scan", [("full", False), ("dots_no_batch", True)])
@@ -146,7 +140,7 @@ def test_sown_attention_weights_come_out_per_layer_in_either_layout():
         flat = flax.traverse_util.flatten_dict(sown["intermediates"])
         return dict(item for path, (w,) in flat.items() for item in sown_per_layer(path, w, config.transformer))
 
-    expected, got = per_layer(unrolled, params), per_layer(scanned, stack_layers(params, unrolled.transformer))
+    expected, got = per_layer(unrolled, params), per_layer(scanned, scanned_layout(params, unrolled.transformer))
     assert sorted(got) == sorted(expected) == list(range(BLOCKS.num_layers))
     for layer in expected:
         np.testing.assert_allclose(got[layer], expected[layer], rtol=1e-5, atol=1e-6)
@@ -264,7 +258,7 @@ def test_weight_decay_skips_biases_and_scales_stacked_over_layers_or_experts():
     shapes = nn.unbox(jax.eval_shape(GPT(unrolled).init, jax.random.key(0), jnp.zeros((1, 12), jnp.int32))["params"])
     scanned_shapes = jax.eval_shape(GPT(scanned).init, jax.random.key(0), jnp.zeros((1, 12), jnp.int32))["params"]
     mask = decay_mask(shapes)
-    stacked, scanned_mask = stack_layers(mask, unrolled.transformer), decay_mask(nn.unbox(scanned_shapes))
+    stacked, scanned_mask = scanned_layout(mask, unrolled.transformer), decay_mask(nn.unbox(scanned_shapes))
     assert jax.tree.structure(stacked) == jax.tree.structure(scanned_mask)
     for per_layer, scanned_value in zip(jax.tree.leaves(stacked), jax.tree.leaves(scanned_mask), strict=True):
         assert np.all(np.asarray(per_layer) == scanned_value)

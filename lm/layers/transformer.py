@@ -314,3 +314,41 @@ def sown_per_layer(path: tuple[str, ...], value, config: TransformerConfig) -> I
         return
     for scan_index, layer_value in enumerate(value):
         yield scan_index * config.layer_period + j, layer_value
+
+
+def is_block_name(name: str) -> bool:
+    """'block_3': one block of an unrolled stack (or of the scanned group)."""
+    return name.startswith("block_") and name.removeprefix("block_").isdigit()
+
+
+def stack_layers(stack: dict, layer_period: int = 1) -> dict:
+    """One TransformerStack's params (or any tree shaped like them: gradients, masks) in the
+    unrolled layout, block_0 .. block_<L-1> beside the final norm, converted to the scanned one:
+    {SCANNED_NAME: {block_<j>: leaves with a leading 'layers' axis of L / layer_period}} beside the
+    final norm, where scan index s of block_<j> is layer s * layer_period + j (layer_period: the
+    config's layer_period, the MoE group)."""
+    num_layers = sum(map(is_block_name, stack))
+    if num_layers % layer_period:
+        raise ValueError(f"{num_layers} layers do not split into scanned groups of {layer_period}")
+    groups = [[stack[f"block_{i}"] for i in range(j, num_layers, layer_period)] for j in range(layer_period)]
+    for j, layers in enumerate(groups):
+        if any(jax.tree.structure(layer) != jax.tree.structure(layers[0]) for layer in layers):
+            raise ValueError(f"block_{j}, block_{j + layer_period}, ... hold different parameters")
+    scanned = {f"block_{j}": jax.tree.map(lambda *per_layer: jnp.stack(per_layer), *layers)
+               for j, layers in enumerate(groups)}
+    rest = {name: value for name, value in stack.items() if not is_block_name(name)}
+    return {**rest, SCANNED_NAME: scanned}
+
+
+def unstack_layers(stack: dict) -> dict:
+    """The inverse of stack_layers: a scanned stack's params as block_0 .. block_<L-1> (the layer
+    period is the number of blocks in the scanned group)."""
+    scanned = stack[SCANNED_NAME]
+    period = len(scanned)
+    length = len(jax.tree.leaves(scanned)[0])  # scan steps: the leading 'layers' axis
+    layers = {
+        f"block_{s * period + j}": jax.tree.map(lambda leaf, s=s: leaf[s], scanned[f"block_{j}"])
+        for s in range(length) for j in range(period)
+    }
+    rest = {name: value for name, value in stack.items() if name != SCANNED_NAME}
+    return {**rest, **layers}

@@ -34,9 +34,11 @@ from lm import sharding
 from lm.distributed import is_primary
 from lm.errors import UserError
 from lm.runs import CONFIG_FILE, METRICS_FILE, RESULTS_FILE, SUMMARY_FILE
+from lm.train import init_from
 from lm.train.checkpoint import Checkpointer
 from lm.train.experiment import Experiment
 from lm.train.flops import peak_flops_per_device
+from lm.train.lock import workdir_lock
 from lm.train.metrics import MetricWriter, truncate_log
 from lm.train.optim import learning_rate_schedule, make_optimizer
 from lm.train.prefetch import DevicePrefetcher
@@ -411,10 +413,16 @@ def train(
 ) -> dict[str, float]:
     """Trains to config.train.num_steps on devices (default: all); returns the last eval metrics
     (prefixed 'eval_') and run facts. Raises Stopped when SIGTERM or SIGINT ended it early (after
-    saving a checkpoint)."""
-    tcfg = config.train
+    saving a checkpoint). A second run on the same workdir stops at once (lm.train.lock)."""
     workdir_path = prepare_directory(workdir)
     mesh, rules, experiment, optimizer, init_boxed = build(config, devices)
+    with workdir_lock(workdir_path, jax.process_index()):  # before anything is written there
+        return _train_locked(config, workdir_path, mesh, rules, experiment, optimizer, init_boxed)
+
+
+def _train_locked(config, workdir_path, mesh, rules, experiment, optimizer, init_boxed) -> dict[str, float]:
+    """train(), once the workdir is checked and this process holds its lock."""
+    tcfg = config.train
     init_rng = jax.random.key(config.seed)
 
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
@@ -423,7 +431,13 @@ def train(
         if tcfg.checkpoint_dir and "://" not in checkpoints:  # (the workdir's own was checked above)
             prepare_directory(checkpoints, "--config.train.checkpoint_dir")
         checkpointer = Checkpointer(checkpoints, tcfg.keep_checkpoints)
-        restored = checkpointer.restore_latest(state_shapes, tcfg.restore_fallback)
+        try:
+            restored = checkpointer.restore_latest(state_shapes, tcfg.restore_fallback)
+            initial_params = init_from.prepare(tcfg.init_from, tcfg.init_from_rename, state_shapes.params,
+                                               resumed_step=restored[0] if restored else None)
+        except BaseException:
+            checkpointer.close()  # (its background clean-up must end before the process does)
+            raise
         # Every check has passed: from here on the workdir is written to.
         if is_primary():
             (workdir_path / CONFIG_FILE).write_text(config.to_json_best_effort(indent=2))
@@ -431,6 +445,8 @@ def train(
 
         if restored is None:
             state = init_state(init_boxed, init_rng, state_shardings)
+            if initial_params:
+                state = state.replace(params=initial_params.load(state.params, state_shardings.params, mesh))
             start_step = 0
         else:
             start_step, state = restored

@@ -34,6 +34,14 @@ def train_options(**overrides) -> ml_collections.ConfigDict:
     # A latest checkpoint that cannot be read stops the run with a message; True resumes from the one
     # before it instead (the damaged one is kept, renamed <step>.corrupt).
     options.restore_fallback = False
+    # Start from another run's parameters (fine-tuning): its workdir, checkpoint folder or one step's
+    # folder there. Loaded by name into this model at step 0 (a resumed run ignores it); parameters the
+    # source lacks keep their fresh initialisation, the ones this model lacks are dropped; stacked or
+    # unrolled layers convert to this model's layout. See lm/train/init_from.py.
+    options.init_from = ""
+    # Renamed source subtrees for init_from: "source/prefix:this/prefix,..."; an empty right side
+    # leaves that subtree out (e.g. "lm_head:" for a head of another vocabulary).
+    options.init_from_rename = ""
     # A step whose loss or gradients are NaN/Inf never updates the weights; then "stop": end the run
     # with a message (nothing saved after that step); "skip": go on and count it (skipped_steps).
     options.on_nonfinite = "stop"

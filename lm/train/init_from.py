@@ -1,0 +1,269 @@
+"""A new run's parameters from another run's (train.init_from): fine-tuning, continued pretraining.
+
+A source of parameters (a ParamSource: today an lm run's Orbax checkpoint, CheckpointSource; a
+Hugging Face checkpoint can be another) gives a nested dict of arrays. They go into this run's
+freshly initialised parameters by name:
+  1. train.init_from_rename renames the source's subtrees: 'source/prefix:this/prefix,...' (the
+     longest matching prefix wins; an empty right side leaves the subtree out);
+  2. each Transformer stack of the source takes this model's layer layout: unrolled block_<i> or
+     scanned 'blocks' (lm.layers.transformer.stack_layers / unstack_layers);
+  3. a parameter both have is loaded (the shapes must be equal: else one UserError naming it and
+     both shapes), one only this model has keeps its fresh initialisation (a new head), one only the
+     source has is dropped.
+The shapes are checked on the abstract trees, before anything is compiled or written; the arrays
+are read in shards spread over this run's devices and placed in its shardings by one jitted copy.
+Only a run that starts at step 0 does this (a resumed run continues its own checkpoint), and the
+optimizer state always starts fresh.
+"""
+
+import collections
+import contextlib
+import dataclasses
+import json
+import math
+from typing import Protocol
+
+import jax
+import ml_collections
+import orbax.checkpoint as ocp
+from etils import epath
+from flax import traverse_util
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from lm.errors import UserError
+from lm.layers.transformer import SCANNED_NAME, is_block_name, stack_layers, unstack_layers
+from lm.runs import CONFIG_FILE
+
+Renames = list[tuple[str, str]]  # (source prefix, this model's prefix; "" leaves it out)
+
+
+class ParamSource(Protocol):
+    description: str  # where the parameters come from, for the log and the errors
+
+    def abstract_params(self) -> dict:
+        """The parameters' shapes and dtypes: a nested dict of jax.ShapeDtypeStruct."""
+
+    def load_params(self, shardings: dict) -> dict:
+        """The parameters (a nested dict like abstract_params) as arrays in the given shardings."""
+
+
+class CheckpointSource:
+    """The params of an lm run's checkpoint. location: the run's workdir (its latest checkpoint,
+    wherever its train.checkpoint_dir put it), a checkpoint folder (its latest), or one step's
+    folder in one; a local path or a URL Orbax reads (gs://...). Reads only: a run that is still
+    writing checkpoints there is left alone."""
+
+    def __init__(self, location: str):
+        path = epath.Path(location)
+        if not path.exists():
+            raise UserError(f"train.init_from={location}: no such file or directory; give a run's workdir, its "
+                            "checkpoint folder or one step's folder in it")
+        step = None
+        if (path / CONFIG_FILE).exists():  # a workdir
+            from lm.train.loop import checkpoint_directory  # (the trainer imports this module)
+
+            run_config = ml_collections.ConfigDict(json.loads((path / CONFIG_FILE).read_text()))
+            path = epath.Path(checkpoint_directory(run_config, str(path)))
+        elif path.name.isdigit() and (path / "state").exists():  # one step's folder
+            path, step = path.parent, int(path.name)
+        self.directory = path
+        with contextlib.closing(self.manager()) as manager:
+            self.step = manager.latest_step() if step is None else step
+            if self.step is None:
+                raise UserError(f"train.init_from={location}: no checkpoint in {path}")
+            self.description = f"{path} step {self.step}"
+            try:
+                saved = manager.item_metadata(self.step)["state"]["params"]
+            except Exception as e:  # noqa: BLE001 (Orbax raises many kinds for unreadable or foreign files)
+                raise UserError(f"train.init_from={location}: the checkpoint {self.description} cannot be read as "
+                                f"an lm train state ({type(e).__name__}: {' '.join(str(e).split())[:200]})") from e
+        self.abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype), saved)
+
+    def manager(self) -> ocp.CheckpointManager:
+        """A manager that reads the checkpoints (and never creates, cleans or deletes anything)."""
+        return ocp.CheckpointManager(self.directory, item_handlers={"state": ocp.PyTreeCheckpointHandler()},
+                                     options=ocp.CheckpointManagerOptions(create=False))
+
+    def abstract_params(self) -> dict:
+        return self.abstract
+
+    def load_params(self, shardings: dict) -> dict:
+        wanted = {"params": jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                                         self.abstract, shardings)}
+        restore = ocp.args.PyTreeRestore(wanted, restore_args=ocp.checkpoint_utils.construct_restore_args(wanted),
+                                         partial_restore=True)  # the params, not the optimizer state
+        with contextlib.closing(self.manager()) as manager:
+            return manager.restore(self.step, args=ocp.args.Composite(state=restore))["state"]["params"]
+
+
+def open_source(location: str) -> ParamSource:
+    """The ParamSource that train.init_from names (the place where other kinds of source plug in)."""
+    return CheckpointSource(location)
+
+
+def parse_renames(text: str) -> Renames:
+    """'encoder:bert/encoder,pooler:' -> [('encoder', 'bert/encoder'), ('pooler', '')]."""
+    renames = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        source, colon, target = item.partition(":")
+        if not colon or not source.strip("/"):
+            raise UserError(f"train.init_from_rename={text!r}: write source_subtree:this_subtree pairs separated "
+                            "by commas (an empty this_subtree leaves it out), e.g. 'encoder:bert/encoder,pooler:'")
+        renames.append((source.strip("/"), target.strip("/")))
+    return renames
+
+
+def under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + "/")
+
+
+def renamed(params: dict, renames: Renames) -> dict:
+    """params (a nested dict) with each name under a renamed prefix moved (or left out)."""
+    moved = {}
+    for name, value in traverse_util.flatten_dict(params, sep="/").items():
+        matching = [(source, target) for source, target in renames if under(name, source)]
+        if matching:
+            source, target = max(matching, key=lambda rename: len(rename[0]))
+            if not target:
+                continue
+            name = target + name[len(source):]
+        if name in moved:
+            raise UserError(f"train.init_from_rename: two source parameters would both become {name}")
+        moved[name] = value
+    return traverse_util.unflatten_dict(moved, sep="/")
+
+
+def in_layout_of(source: dict, target: dict, path: str = "") -> dict:
+    """source (a nested dict) with every Transformer stack in the layer layout of target's stack at
+    the same place: unrolled block_<i>, or scanned under SCANNED_NAME."""
+    unrolled = any(map(is_block_name, source))
+    if unrolled and SCANNED_NAME in target and not any(map(is_block_name, target)):
+        period = len(target[SCANNED_NAME])
+        layers = sum(map(is_block_name, source))
+        try:
+            source = stack_layers(source, period)
+        except ValueError as e:  # a layer count the period does not divide, or layers of other structures
+            raise UserError(f"train.init_from: the {layers} layers of the source's {path or 'model'} do not stack "
+                            f"into this model's scanned groups of {period} blocks (model.moe.every): {e}") from e
+    elif SCANNED_NAME in source and any(map(is_block_name, target)) and SCANNED_NAME not in target:
+        source = unstack_layers(source)
+    return {name: in_layout_of(value, target[name], f"{path}/{name}".lstrip("/"))
+            if isinstance(value, dict) and isinstance(target.get(name), dict) else value
+            for name, value in source.items()}
+
+
+def as_target(source: dict, target: dict, renames: Renames) -> dict[str, object]:
+    """The source's parameters under this model's names and layout, flat ('decoder/block_0/...')."""
+    return traverse_util.flatten_dict(in_layout_of(renamed(source, renames), target), sep="/")
+
+
+def subtree_counts(names: list[str], every_name: list[str]) -> str:
+    """'decoder (25), token_embed (1)': names grouped into the largest subtrees of every_name that
+    hold nothing but them, with how many names each holds."""
+    chosen = set(names)
+    totals, picked = collections.Counter(), collections.Counter()
+    for name in every_name:
+        parts = name.split("/")
+        for depth in range(1, len(parts) + 1):
+            totals["/".join(parts[:depth])] += 1
+            picked["/".join(parts[:depth])] += name in chosen
+    groups = collections.Counter()
+    for name in names:
+        parts = name.split("/")
+        prefixes = ("/".join(parts[:depth]) for depth in range(1, len(parts) + 1))
+        groups[next(p for p in prefixes if picked[p] == totals[p])] += 1
+    return ", ".join(f"{prefix} ({count})" for prefix, count in groups.items())
+
+
+def spread_shardings(abstract: dict, mesh: Mesh) -> dict:
+    """A sharding per array that splits it over all of mesh's devices along its first axis their
+    number divides (replicated when none does): how the source is read, so that no device holds it
+    whole, before the jitted copy places it in this run's shardings."""
+    flat_mesh = Mesh(mesh.devices.reshape(-1), ("devices",))
+
+    def spread(leaf: jax.ShapeDtypeStruct) -> NamedSharding:
+        axis = next((i for i, size in enumerate(leaf.shape) if size % flat_mesh.size == 0), None)
+        spec = [None] * len(leaf.shape)
+        if axis is not None:
+            spec[axis] = "devices"
+        return NamedSharding(flat_mesh, PartitionSpec(*spec))
+
+    return jax.tree.map(spread, abstract)
+
+
+@dataclasses.dataclass
+class InitFrom:
+    """A checked plan: which of this model's parameters come from source, which stay fresh."""
+
+    source: ParamSource
+    renames: Renames
+    loaded: list[str]  # this model's names
+    initialised: list[str]
+    dropped: list[str]  # the source's, renamed and in this model's layout
+    sizes: dict[str, int]  # parameters per name, of both
+
+    def load(self, fresh_params: dict, shardings: dict, mesh: Mesh) -> dict:
+        """fresh_params (this model's initialisation, donated) with the source's parameters loaded,
+        in shardings; prints what was loaded, initialised and dropped."""
+        source = self.source.load_params(spread_shardings(self.source.abstract_params(), mesh))
+
+        def merge(fresh, source):
+            incoming = as_target(source, fresh, self.renames)
+            flat = traverse_util.flatten_dict(fresh, sep="/")
+            merged = {name: incoming[name].astype(value.dtype) if name in incoming else value
+                      for name, value in flat.items()}
+            return traverse_util.unflatten_dict(merged, sep="/")
+
+        params = jax.jit(merge, out_shardings=shardings, donate_argnums=0)(fresh_params, source)
+        self.report()
+        return params
+
+    def report(self) -> None:
+        every_target = self.loaded + self.initialised
+        every_source = self.loaded + self.dropped
+        print(f"init_from {self.source.description}:")
+        for label, names, every in [("loaded", self.loaded, every_target),
+                                    ("initialised", self.initialised, every_target),
+                                    ("dropped", self.dropped, every_source)]:
+            count = sum(self.sizes[name] for name in names)
+            groups = subtree_counts(names, every)
+            print(f"  {label:<11} {len(names):>4} arrays, {count:>11,} parameters{': ' + groups if groups else ''}")
+
+
+def prepare(location: str, rename: str, abstract_params: dict, resumed_step: int | None) -> InitFrom | None:
+    """The checked InitFrom for train.init_from=location (with train.init_from_rename=rename) into
+    a model of abstract_params; None without init_from, or when the run resumes from its own
+    checkpoint at resumed_step (then init_from is ignored, which it says)."""
+    if not location:
+        return None
+    if resumed_step is not None:
+        print(f"train.init_from ignored: resuming from this run's own checkpoint at step {resumed_step}")
+        return None
+    renames = parse_renames(rename)
+    return plan(open_source(location), renames, abstract_params)
+
+
+def plan(source: ParamSource, renames: Renames, abstract_params: dict) -> InitFrom:
+    """Which of abstract_params (this model's, a nested dict) come from source, after renames and
+    the layout conversion; a rename that names nothing in the source, or a parameter of another
+    shape there, is a UserError."""
+    source_abstract = source.abstract_params()
+    source_names = traverse_util.flatten_dict(source_abstract, sep="/")
+    for prefix, _ in renames:
+        if not any(under(name, prefix) for name in source_names):
+            tops = sorted({name.split("/")[0] for name in source_names})
+            raise UserError(f"train.init_from_rename: {prefix!r} names nothing in {source.description}, whose "
+                            f"top-level subtrees are {', '.join(tops)}")
+    incoming = jax.eval_shape(lambda s: as_target(s, abstract_params, renames), source_abstract)
+    target = traverse_util.flatten_dict(abstract_params, sep="/")
+    for name, leaf in target.items():
+        if name in incoming and incoming[name].shape != leaf.shape:
+            raise UserError(
+                f"train.init_from: {name} is {incoming[name].shape} in {source.description} but {leaf.shape} in "
+                "this model; fix the config, or leave that source subtree out (this model's fresh initialisation "
+                "is kept there) with --config.train.init_from_rename='SUBTREE:'"
+            )
+    sizes = {name: math.prod(leaf.shape) for name, leaf in {**incoming, **target}.items()}
+    return InitFrom(source, renames, loaded=[name for name in target if name in incoming],
+                    initialised=[name for name in target if name not in incoming],
+                    dropped=[name for name in incoming if name not in target], sizes=sizes)
