@@ -37,7 +37,7 @@ import ml_collections
 
 from lm import sharding
 from lm.models.config import transformer_options
-from lm.train.options import optimizer_options, train_options
+from lm.train.options import optimizer_options, run_options, train_options
 
 SIZES = {  # variant: (layers, heads, width)
     "124m": (12, 12, 768),
@@ -47,9 +47,7 @@ SIZES = {  # variant: (layers, heads, width)
 
 
 def get_config(variant: str = "124m") -> ml_collections.ConfigDict:
-    config = ml_collections.ConfigDict()
-    config.experiment = "language_model"
-    config.seed = 0
+    config = run_options("language_model")
 
     config.data = ml_collections.ConfigDict()
     config.data.dataset = "token_file"  # token_file | synthetic

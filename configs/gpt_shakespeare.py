@@ -25,13 +25,11 @@ import ml_collections
 
 from lm import sharding
 from lm.models.config import transformer_options
-from lm.train.options import optimizer_options, train_options
+from lm.train.options import optimizer_options, run_options, train_options
 
 
 def get_config(variant: str = "baby") -> ml_collections.ConfigDict:
-    config = ml_collections.ConfigDict()
-    config.experiment = "language_model"
-    config.seed = 0
+    config = run_options("language_model")
 
     config.data = ml_collections.ConfigDict()
     config.data.dataset = "tinyshakespeare"

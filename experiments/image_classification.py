@@ -30,7 +30,7 @@ from lm.models.config import transformer_config
 from lm.models.vit import ViT, ViTConfig, flops_per_image, stack_position
 from lm.plots import save_confusion_matrix, save_image_attention
 from lm.train.experiment import masked_mean
-from lm.train.options import optimizer_options, train_options
+from lm.train.options import optimizer_options, run_options, train_options
 
 CONFUSION_MATRIX_FILE = "confusion_matrix.png"
 ATTENTION_FILE = "attention_rollout.png"
@@ -207,9 +207,7 @@ def from_workdir(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Im
 def base_config() -> ml_collections.ConfigDict:
     """What every CIFAR-10 config shares: data, optimiser, trainer, eval and mesh sections
     (configs/vit_cifar10.py adds the model)."""
-    config = ml_collections.ConfigDict()
-    config.experiment = "image_classification"
-    config.seed = 0
+    config = run_options("image_classification")
 
     config.data = ml_collections.ConfigDict()
     config.data.dataset = "cifar10"

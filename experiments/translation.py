@@ -32,7 +32,7 @@ from lm.models.seq2seq import Seq2Seq, Seq2SeqConfig
 from lm.models.transformer import EncoderDecoder, EncoderDecoderConfig
 from lm.search import beam_search, greedy_search, rnn_step_fn, transformer_step_fn
 from lm.train.experiment import masked_mean
-from lm.train.options import optimizer_options, train_options
+from lm.train.options import optimizer_options, run_options, train_options
 
 ARCHITECTURES = ("rnn", "transformer")
 
@@ -252,9 +252,7 @@ def from_workdir(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Tr
 def base_config() -> ml_collections.ConfigDict:
     """What every translation config shares: data, optimiser, trainer, eval and mesh sections
     (configs/translate_*.py add the model)."""
-    config = ml_collections.ConfigDict()
-    config.experiment = "translation"
-    config.seed = 0
+    config = run_options("translation")
 
     config.data = ml_collections.ConfigDict()
     config.data.source_lang = "de"

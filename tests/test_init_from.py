@@ -1,4 +1,4 @@
-"""train.init_from: a run starts from another run's parameters, by name, in either layer layout."""
+"""init_from: a run starts from another run's parameters, by name, in either layer layout."""
 
 import json
 
@@ -147,7 +147,8 @@ def test_a_run_starts_from_another_runs_parameters(trained_run, tmp_path, test_c
     """The trained run's parameters, loaded into a new run (its stacked layout too), give its final
     eval loss at step 0; a rerun resumes from its own checkpoint and ignores init_from."""
     _, source, source_summary = trained_run
-    test_config.train.update(init_from=str(source), num_steps=1, checkpoint_every=1)
+    test_config.init_from = str(source)
+    test_config.train.update(num_steps=1, checkpoint_every=1)
     test_config.eval.every = 100
     test_config.model.scan_layers = scan_layers
     workdir = tmp_path / "finetune"
@@ -158,25 +159,25 @@ def test_a_run_starts_from_another_runs_parameters(trained_run, tmp_path, test_c
     arrays = 20 if scan_layers else 36  # 2 layers of 17 arrays, or each of them stacked
     assert f"init_from {source}/checkpoints step 40:\n  loaded        {arrays} arrays,      30,080 parameters: " \
            f"decoder ({arrays - 2}), position_embed (1), token_embed (1)\n" in out
-    test_config.train.init_from = str(tmp_path / "gone")  # it no longer matters
+    test_config.init_from = str(tmp_path / "gone")  # it no longer matters
     assert train(test_config, str(workdir), devices=jax.devices()[:1]) == {"step": 1}
-    assert "train.init_from ignored: resuming from this run's own checkpoint at step 1" in capsys.readouterr().out
+    assert "init_from ignored: resuming from this run's own checkpoint at step 1" in capsys.readouterr().out
 
 
 def test_a_head_of_another_shape_or_a_missing_source_stops_before_anything_is_written(trained_run, tmp_path,
                                                                                      test_config):
     _, source, _ = trained_run
     workdir = tmp_path / "run"
-    test_config.train.init_from = str(source)
+    test_config.init_from = str(source)
     test_config.model.vocab_multiple = 256  # the (tied) embedding: 256 rows, not 128
-    with pytest.raises(UserError, match=r"train.init_from: token_embed/embedding is \(128, 32\) in .*/checkpoints "
+    with pytest.raises(UserError, match=r"init_from: token_embed/embedding is \(128, 32\) in .*/checkpoints "
                                         r"step 40 but \(256, 32\) in this model; .*init_from_rename='SUBTREE:'"):
         train(test_config, str(workdir), devices=jax.devices()[:1])
     # With the source's embedding left out there is no error: this model's stays fresh.
     abstract = jax.eval_shape(lambda: {"token_embed": {"embedding": jnp.zeros((256, 32))}})
     assert init_from.prepare(str(source), "token_embed:", abstract, None).initialised == ["token_embed/embedding"]
-    test_config.train.init_from = str(tmp_path / "nowhere")
-    with pytest.raises(UserError, match=f"train.init_from={tmp_path}/nowhere: no such file or directory"):
+    test_config.init_from = str(tmp_path / "nowhere")
+    with pytest.raises(UserError, match=f"init_from={tmp_path}/nowhere: no such file or directory"):
         train(test_config, str(workdir), devices=jax.devices()[:1])
     # Nothing but the empty checkpoint folder Orbax made before init_from was checked.
     assert sorted(p.relative_to(workdir).as_posix() for p in workdir.rglob("*")) == ["checkpoints"]

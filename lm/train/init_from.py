@@ -1,9 +1,9 @@
-"""A new run's parameters from another run's (train.init_from): fine-tuning, continued pretraining.
+"""A new run's parameters from another run's (init_from): fine-tuning, continued pretraining.
 
 A source of parameters (a ParamSource: today an lm run's Orbax checkpoint, CheckpointSource; a
 Hugging Face checkpoint can be another) gives a nested dict of arrays. They go into this run's
 freshly initialised parameters by name:
-  1. train.init_from_rename renames the source's subtrees: 'source/prefix:this/prefix,...' (the
+  1. init_from_rename renames the source's subtrees: 'source/prefix:this/prefix,...' (the
      longest matching prefix wins; an empty right side leaves the subtree out);
   2. each Transformer stack of the source takes this model's layer layout: unrolled block_<i> or
      scanned 'blocks' (lm.layers.transformer.stack_layers / unstack_layers);
@@ -56,7 +56,7 @@ class CheckpointSource:
     def __init__(self, location: str):
         path = epath.Path(location)
         if not path.exists():
-            raise UserError(f"train.init_from={location}: no such file or directory; give a run's workdir, its "
+            raise UserError(f"init_from={location}: no such file or directory; give a run's workdir, its "
                             "checkpoint folder or one step's folder in it")
         step = None
         if (path / CONFIG_FILE).exists():  # a workdir
@@ -70,12 +70,12 @@ class CheckpointSource:
         with contextlib.closing(self.manager()) as manager:
             self.step = manager.latest_step() if step is None else step
             if self.step is None:
-                raise UserError(f"train.init_from={location}: no checkpoint in {path}")
+                raise UserError(f"init_from={location}: no checkpoint in {path}")
             self.description = f"{path} step {self.step}"
             try:
                 saved = manager.item_metadata(self.step)["state"]["params"]
             except Exception as e:  # noqa: BLE001 (Orbax raises many kinds for unreadable or foreign files)
-                raise UserError(f"train.init_from={location}: the checkpoint {self.description} cannot be read as "
+                raise UserError(f"init_from={location}: the checkpoint {self.description} cannot be read as "
                                 f"an lm train state ({type(e).__name__}: {' '.join(str(e).split())[:200]})") from e
         self.abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype), saved)
 
@@ -97,7 +97,7 @@ class CheckpointSource:
 
 
 def open_source(location: str) -> ParamSource:
-    """The ParamSource that train.init_from names (the place where other kinds of source plug in)."""
+    """The ParamSource that init_from names (the place where other kinds of source plug in)."""
     return CheckpointSource(location)
 
 
@@ -107,7 +107,7 @@ def parse_renames(text: str) -> Renames:
     for item in filter(None, (part.strip() for part in text.split(","))):
         source, colon, target = item.partition(":")
         if not colon or not source.strip("/"):
-            raise UserError(f"train.init_from_rename={text!r}: write source_subtree:this_subtree pairs separated "
+            raise UserError(f"init_from_rename={text!r}: write source_subtree:this_subtree pairs separated "
                             "by commas (an empty this_subtree leaves it out), e.g. 'encoder:bert/encoder,pooler:'")
         renames.append((source.strip("/"), target.strip("/")))
     return renames
@@ -128,7 +128,7 @@ def renamed(params: dict, renames: Renames) -> dict:
                 continue
             name = target + name[len(source):]
         if name in moved:
-            raise UserError(f"train.init_from_rename: two source parameters would both become {name}")
+            raise UserError(f"init_from_rename: two source parameters would both become {name}")
         moved[name] = value
     return traverse_util.unflatten_dict(moved, sep="/")
 
@@ -143,7 +143,7 @@ def in_layout_of(source: dict, target: dict, path: str = "") -> dict:
         try:
             source = stack_layers(source, period)
         except ValueError as e:  # a layer count the period does not divide, or layers of other structures
-            raise UserError(f"train.init_from: the {layers} layers of the source's {path or 'model'} do not stack "
+            raise UserError(f"init_from: the {layers} layers of the source's {path or 'model'} do not stack "
                             f"into this model's scanned groups of {period} blocks (model.moe.every): {e}") from e
     elif SCANNED_NAME in source and any(map(is_block_name, target)) and SCANNED_NAME not in target:
         source = unstack_layers(source)
@@ -231,13 +231,13 @@ class InitFrom:
 
 
 def prepare(location: str, rename: str, abstract_params: dict, resumed_step: int | None) -> InitFrom | None:
-    """The checked InitFrom for train.init_from=location (with train.init_from_rename=rename) into
+    """The checked InitFrom for init_from=location (with init_from_rename=rename) into
     a model of abstract_params; None without init_from, or when the run resumes from its own
     checkpoint at resumed_step (then init_from is ignored, which it says)."""
     if not location:
         return None
     if resumed_step is not None:
-        print(f"train.init_from ignored: resuming from this run's own checkpoint at step {resumed_step}")
+        print(f"init_from ignored: resuming from this run's own checkpoint at step {resumed_step}")
         return None
     renames = parse_renames(rename)
     return plan(open_source(location), renames, abstract_params)
@@ -252,16 +252,16 @@ def plan(source: ParamSource, renames: Renames, abstract_params: dict) -> InitFr
     for prefix, _ in renames:
         if not any(under(name, prefix) for name in source_names):
             tops = sorted({name.split("/")[0] for name in source_names})
-            raise UserError(f"train.init_from_rename: {prefix!r} names nothing in {source.description}, whose "
+            raise UserError(f"init_from_rename: {prefix!r} names nothing in {source.description}, whose "
                             f"top-level subtrees are {', '.join(tops)}")
     incoming = jax.eval_shape(lambda s: as_target(s, abstract_params, renames), source_abstract)
     target = traverse_util.flatten_dict(abstract_params, sep="/")
     for name, leaf in target.items():
         if name in incoming and incoming[name].shape != leaf.shape:
             raise UserError(
-                f"train.init_from: {name} is {incoming[name].shape} in {source.description} but {leaf.shape} in "
+                f"init_from: {name} is {incoming[name].shape} in {source.description} but {leaf.shape} in "
                 "this model; fix the config, or leave that source subtree out (this model's fresh initialisation "
-                "is kept there) with --config.train.init_from_rename='SUBTREE:'"
+                "is kept there) with --config.init_from_rename='SUBTREE:'"
             )
     sizes = {name: math.prod(leaf.shape) for name, leaf in {**incoming, **target}.items()}
     return InitFrom(source, renames, loaded=[name for name in target if name in incoming],

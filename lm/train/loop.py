@@ -433,7 +433,7 @@ def _train_locked(config, workdir_path, mesh, rules, experiment, optimizer, init
         checkpointer = Checkpointer(checkpoints, tcfg.keep_checkpoints)
         try:
             restored = checkpointer.restore_latest(state_shapes, tcfg.restore_fallback)
-            initial_params = init_from.prepare(tcfg.init_from, tcfg.init_from_rename, state_shapes.params,
+            initial_params = init_from.prepare(config.init_from, config.init_from_rename, state_shapes.params,
                                                resumed_step=restored[0] if restored else None)
         except BaseException:
             checkpointer.close()  # (its background clean-up must end before the process does)

@@ -4,6 +4,24 @@ read them); configs pass what differs from these defaults."""
 import ml_collections
 
 
+def run_options(experiment: str, **overrides) -> ml_collections.ConfigDict:
+    """The top of every config: the experiment module (experiments/<name>.py), the seed, and where
+    the parameters start from."""
+    config = ml_collections.ConfigDict()
+    config.experiment = experiment
+    config.seed = 0
+    # Start from another run's parameters (fine-tuning): its workdir, checkpoint folder or one step's
+    # folder there. Loaded by name into this model at step 0 (a resumed run ignores it); parameters the
+    # source lacks keep their fresh initialisation, the ones this model lacks are dropped; stacked or
+    # unrolled layers convert to this model's layout. See lm/train/init_from.py.
+    config.init_from = ""
+    # Renamed source subtrees for init_from: "source/prefix:this/prefix,..."; an empty right side
+    # leaves that subtree out (e.g. "lm_head:" for a head of another vocabulary).
+    config.init_from_rename = ""
+    config.update(overrides)
+    return config
+
+
 def optimizer_options(**overrides) -> ml_collections.ConfigDict:
     """AdamW with global-norm clipping; linear warmup, then cosine decay to min_learning_rate."""
     options = ml_collections.ConfigDict()
@@ -34,14 +52,6 @@ def train_options(**overrides) -> ml_collections.ConfigDict:
     # A latest checkpoint that cannot be read stops the run with a message; True resumes from the one
     # before it instead (the damaged one is kept, renamed <step>.corrupt).
     options.restore_fallback = False
-    # Start from another run's parameters (fine-tuning): its workdir, checkpoint folder or one step's
-    # folder there. Loaded by name into this model at step 0 (a resumed run ignores it); parameters the
-    # source lacks keep their fresh initialisation, the ones this model lacks are dropped; stacked or
-    # unrolled layers convert to this model's layout. See lm/train/init_from.py.
-    options.init_from = ""
-    # Renamed source subtrees for init_from: "source/prefix:this/prefix,..."; an empty right side
-    # leaves that subtree out (e.g. "lm_head:" for a head of another vocabulary).
-    options.init_from_rename = ""
     # A step whose loss or gradients are NaN/Inf never updates the weights; then "stop": end the run
     # with a message (nothing saved after that step); "skip": go on and count it (skipped_steps).
     options.on_nonfinite = "stop"
