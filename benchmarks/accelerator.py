@@ -85,18 +85,19 @@ def step_alone(config, steps: int, rounds: int) -> dict:
     import jax
 
     from lm import sharding
-    from lm.train import loop
+    from lm.train.compiled import CompiledPerShape
+    from lm.train.setup import build, count_params
 
-    mesh, rules, experiment, optimizer, init_boxed = loop.build(config, None)
-    rng = jax.random.key(config.seed)
+    setup = build(config, None)
+    mesh, experiment = setup.mesh, setup.experiment
     per_call = config.train.steps_per_dispatch
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-        _, shardings = loop.abstract_state(init_boxed, rng, mesh, rules)
-        state = loop.init_state(init_boxed, rng, shardings)
-        pipeline = iter(loop.process_train_data(config, experiment, mesh, 0))
+    with jax.set_mesh(mesh), nn.logical_axis_rules(setup.rules):
+        _, shardings = setup.abstract_state()
+        state = setup.init_state(shardings)
+        pipeline = iter(setup.train_data(0))
         batches = [sharding.assemble_batch(next(pipeline), mesh, config.train.batch_size) for _ in range(steps)]
         groups = [tuple(batches[i : i + per_call]) for i in range(0, steps, per_call)]
-        train_step = loop.CompiledPerShape(loop.jit_train_step(config, experiment, optimizer, shardings, mesh))
+        train_step = CompiledPerShape(setup.jit_train_step(shardings))
         seconds = []
         for round_index in range(rounds + 1):  # round 0 compiles and warms up
             start = time.perf_counter()
@@ -115,7 +116,7 @@ def step_alone(config, steps: int, rounds: int) -> dict:
         "units_per_step": config.train.batch_size * experiment.units_per_example,
         "unit": experiment.unit,
         "flops_per_step": config.train.batch_size * experiment.flops_per_example(active),
-        "num_params": loop.count_params(state.params),
+        "num_params": count_params(state.params),
         "compile_seconds_cold": train_step.seconds,
         "batch_shapes": len(train_step.compiled),
         "step_memory_bytes": step_bytes,
@@ -150,7 +151,7 @@ def benchmark() -> None:
 
     from lm.overrides import resolve_config
     from lm.train.flops import peak_flops_per_device
-    from lm.train.loop import format_bytes
+    from lm.train.metrics import format_bytes
 
     rows = QUICK_ROWS if _QUICK.value else FULL_ROWS
     unknown = sorted(set(_ROWS.value) - set(rows))

@@ -82,7 +82,7 @@ def restore(workdir: pathlib.Path, step: int | None = None):
     import ml_collections
 
     from lm.runs import CONFIG_FILE
-    from lm.train.loop import load_experiment, restore_params
+    from lm.train.setup import load_experiment, restore_params
 
     config = ml_collections.ConfigDict(json.loads((workdir / CONFIG_FILE).read_text()))
     return restore_params(config, load_experiment(config), workdir, step)

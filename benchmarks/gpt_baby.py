@@ -53,7 +53,8 @@ def main(argv):
     import jax
 
     from lm.train.flops import measure_matmul_peak
-    from lm.train.loop import restore_params, train
+    from lm.train.loop import train
+    from lm.train.setup import restore_params
 
     config = _CONFIG.value
     config.sample.max_new_tokens = 0  # time the training run as nanoGPT's train.py does: no sampling

@@ -54,16 +54,16 @@ class Arm:
         import jax
 
         from lm import sharding
-        from lm.train.loop import abstract_state, build, count_params, init_state, jit_train_step
+        from lm.train.setup import build, count_params
 
-        self.mesh, self.rules, experiment, optimizer, init_boxed = build(config, devices=None)
-        rng = jax.random.key(config.seed)
+        setup = build(config, devices=None)
+        self.mesh, self.rules, experiment = setup.mesh, setup.rules, setup.experiment
         with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
-            _, shardings = abstract_state(init_boxed, rng, self.mesh, self.rules)
-            self.state = init_state(init_boxed, rng, shardings)
+            _, shardings = setup.abstract_state()
+            self.state = setup.init_state(shardings)
             data = iter(experiment.train_data(config.train.batch_size, config.seed, (0, 1), 0))
             self.batch = sharding.assemble_batch(next(data), self.mesh, config.train.batch_size)
-        self.jit_step = lambda: jit_train_step(config, experiment, optimizer, shardings, self.mesh)
+        self.jit_step = lambda: setup.jit_train_step(shardings)
         self.compile_seconds = float("inf")
         self.compile()
         memory = self.step_fn.memory_analysis()
@@ -109,7 +109,7 @@ def main(argv):
 def benchmark() -> None:
 
     from lm.train.flops import peak_flops_per_device
-    from lm.train.loop import format_bytes
+    from lm.train.metrics import format_bytes
 
     key, values = parse_axis(_ARMS.value, flag="--arms")
     no_cache = {"train.compilation_cache_dir": "none"}  # compile times from scratch

@@ -49,21 +49,22 @@ def main(argv):
     import jax
 
     from lm import sharding
-    from lm.train.loop import abstract_state, build, count_params, init_state, jit_train_step, process_train_data
+    from lm.train.setup import build, count_params
 
     config = _CONFIG.value
     batch_size = config.train.batch_size
-    mesh, rules, experiment, optimizer, init_boxed = build(config, devices=None)
+    setup = build(config, devices=None)
+    mesh = setup.mesh
 
     # 1. The pipeline alone.
-    pipeline = iter(process_train_data(config, experiment, mesh, 0))
+    pipeline = iter(setup.train_data(0))
     pipeline_rate = images_per_second(lambda: next(pipeline), _BATCHES.value, batch_size)
 
     # 2. The train step alone, as the trainer builds it.
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-        _, state_shardings = abstract_state(init_boxed, jax.random.key(config.seed), mesh, rules)
-        state = init_state(init_boxed, jax.random.key(config.seed), state_shardings)
-        step_fn = jit_train_step(config, experiment, optimizer, state_shardings, mesh)
+    with jax.set_mesh(mesh), nn.logical_axis_rules(setup.rules):
+        _, state_shardings = setup.abstract_state()
+        state = setup.init_state(state_shardings)
+        step_fn = setup.jit_train_step(state_shardings)
         fixed_batch = sharding.assemble_batch(next(pipeline), mesh, batch_size)
         holder = {"state": state, "metrics": None}
 

@@ -110,6 +110,9 @@ class ImageClassification:
         return images.train_batches(*self.splits["train"], batch_size, seed, shard, self.augmentation(),
                                     self.config.data.num_workers, start_step)
 
+    def evaluators(self):
+        return []  # the trainer's eval (loss, accuracy) is all
+
     def batch_variants(self, batch):
         return [batch]  # one shape
 

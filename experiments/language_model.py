@@ -79,6 +79,9 @@ class LanguageModel:
             )
         return text.train_windows(self.train_tokens, length, batch_size, seed, shard, start_step)
 
+    def evaluators(self):
+        return []  # the trainer's eval (loss, accuracy) is all
+
     def batch_variants(self, batch):
         return [batch]  # one shape
 

@@ -31,7 +31,7 @@ from lm.models.config import compute_dtype, transformer_config
 from lm.models.seq2seq import Seq2Seq, Seq2SeqConfig
 from lm.models.transformer import EncoderDecoder, EncoderDecoderConfig
 from lm.search import beam_search, greedy_search, rnn_step_fn, transformer_step_fn
-from lm.train.experiment import masked_mean
+from lm.train.experiment import Evaluator, masked_mean
 from lm.train.options import optimizer_options, run_options, train_options
 
 ARCHITECTURES = ("rnn", "transformer")
@@ -93,6 +93,16 @@ class Translation:
         sources, targets = self.splits["train"]
         return translation.train_batches(sources, targets, batch_size, seed, shard, self.config.data.buckets,
                                          start_step)
+
+    def evaluators(self) -> list[Evaluator]:
+        """sacreBLEU of greedy translations of the val split, every eval.bleu_every steps (0: never)."""
+        d = self.config.data
+        sources, references = translation.load_pairs("val", d.source_lang, d.target_lang)
+
+        def val_bleu(params) -> dict[str, float]:
+            return {"bleu": corpus_bleu(self.translate(params, sources, 1), references)}
+
+        return [Evaluator("val", self.config.eval.bleu_every, val_bleu)]
 
     def batch_variants(self, batch):
         """One per length bucket: the (B, L) arrays at each bucket's L, the (B,) ones as they are."""
@@ -269,6 +279,7 @@ def base_config() -> ml_collections.ConfigDict:
 
     config.eval = ml_collections.ConfigDict()
     config.eval.every = 500
+    config.eval.bleu_every = 500  # greedy sacreBLEU on the val split during training (val_bleu); 0: off
     config.eval.batch_size = 128  # sentences, also for decoding
     config.eval.test_split = "test_2016_flickr"  # scored once after training (results.json)
     config.eval.beam_sizes = (1, 4)  # 1 = greedy
@@ -285,4 +296,4 @@ def use_test_sizes(config: ml_collections.ConfigDict) -> None:
     config.data.update(vocab_size=500, buckets=(16, 32))
     config.train.update(batch_size=16, num_steps=20, log_every=5, checkpoint_every=10)
     config.optimizer.update(learning_rate=3e-3, warmup_steps=2, decay_steps=20)
-    config.eval.update(every=10, batch_size=256, beam_sizes=(1, 2))
+    config.eval.update(every=10, bleu_every=0, batch_size=256, beam_sizes=(1, 2))

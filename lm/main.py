@@ -49,7 +49,9 @@ def main(argv: list[str]) -> None:
     std_logging.getLogger("asyncio").setLevel(std_logging.CRITICAL)
     keep_freed_memory()
     run_user_errors(start_processes)
-    from lm.train.loop import Stopped, dry_run, train  # after flag parsing, so --help and flag errors are quick
+    # after flag parsing, so --help and flag errors are quick
+    from lm.train.dry_run import dry_run
+    from lm.train.loop import Stopped, train
 
     if _DRY_RUN.value:
         run_user_errors(lambda: dry_run(_CONFIG.value))

@@ -1,6 +1,5 @@
 """A run folder: the files lm.main writes there, and reopening a run for inference (lm.sample, lm.translate)."""
 
-import importlib
 import json
 import pathlib
 
@@ -18,7 +17,7 @@ RESULTS_FILE = "results.json"  # the experiment's held-out results, written once
 def load_run(workdir: pathlib.Path, experiment: str):
     """(experiment, params) from a run folder written by lm.main: its saved config, the assets
     (tokenizers) the experiment's from_workdir reads, and the latest checkpoint's params."""
-    from lm.train.loop import restore_params
+    from lm.train.setup import restore_params
 
     config_path = workdir / CONFIG_FILE
     if not config_path.is_file():
@@ -26,6 +25,7 @@ def load_run(workdir: pathlib.Path, experiment: str):
     config = ml_collections.ConfigDict(json.loads(config_path.read_text()))
     if config.experiment != experiment:
         raise UserError(f"{workdir} holds a {config.experiment!r} run, not a {experiment!r} one")
-    module = importlib.import_module(f"experiments.{experiment}")
-    loaded = module.from_workdir(config, workdir)
+    import experiments
+
+    loaded = experiments.MODULES[experiment].from_workdir(config, workdir)
     return loaded, restore_params(config, loaded, workdir)

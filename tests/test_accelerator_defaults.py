@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from lm.errors import UserError
-from lm.train import loop
+from lm.train import loop, setup
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -22,11 +22,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def lowered_train_step(config) -> str:
     """The StableHLO of config's train step as the trainer builds it (one device), before XLA
     optimises it (XLA:CPU upcasts bf16 scatters to f32 afterwards; XLA:GPU runs them as they are)."""
-    mesh, rules, experiment, optimizer, init_boxed = loop.build(config, jax.devices()[:1])
-    batch = next(iter(loop.process_train_data(config, experiment, mesh, 0)))
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-        shapes, shardings = loop.abstract_state(init_boxed, jax.random.key(0), mesh, rules)
-        step = loop.jit_train_step(config, experiment, optimizer, shardings, mesh)
+    run = setup.build(config, jax.devices()[:1])
+    batch = next(iter(run.train_data(0)))
+    with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.rules):
+        shapes, shardings = run.abstract_state()
+        step = run.jit_train_step(shardings)
         return step.lower(shapes, (batch,)).as_text()
 
 
@@ -62,7 +62,7 @@ def train_log(config, workdir) -> tuple[list[dict], dict]:
     records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     from experiments.language_model import build
 
-    return records, loop.restore_params(config, build(config), workdir)
+    return records, setup.restore_params(config, build(config), workdir)
 
 
 def test_k_steps_per_dispatch_equal_k_single_steps(data_dir, test_config, tmp_path):
@@ -84,7 +84,7 @@ def test_k_steps_per_dispatch_equal_k_single_steps(data_dir, test_config, tmp_pa
 def test_a_bad_steps_per_dispatch_is_a_user_error(test_config):
     test_config.train.steps_per_dispatch = 0
     with pytest.raises(UserError, match=r"train.steps_per_dispatch=0"):
-        loop.build(test_config, None)
+        setup.build(test_config, None)
 
 
 def test_the_loop_reads_device_values_only_at_log_eval_and_checkpoint_steps(data_dir, test_config, tmp_path,
@@ -110,15 +110,15 @@ def test_the_compilation_cache_is_on_by_default(tmp_path, monkeypatch):
     before = jax.config.jax_compilation_cache_dir, jax.config.jax_enable_compilation_cache
     try:
         monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "from_env"))
-        assert loop.use_compilation_cache("auto") == str(tmp_path / "from_env")
+        assert setup.use_compilation_cache("auto") == str(tmp_path / "from_env")
         monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")
         monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-        assert loop.use_compilation_cache("auto") == str(tmp_path / "xdg" / "lm" / "jax_compilation_cache")
+        assert setup.use_compilation_cache("auto") == str(tmp_path / "xdg" / "lm" / "jax_compilation_cache")
         assert jax.config.jax_enable_compilation_cache
         (tmp_path / "blocker").write_text("")
         monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "blocker"))
-        assert loop.use_compilation_cache("auto") == ""
-        assert loop.use_compilation_cache("none") == "" and not jax.config.jax_enable_compilation_cache
+        assert setup.use_compilation_cache("auto") == ""
+        assert setup.use_compilation_cache("none") == "" and not jax.config.jax_enable_compilation_cache
     finally:
         jax.config.update("jax_compilation_cache_dir", before[0])
         jax.config.update("jax_enable_compilation_cache", before[1])

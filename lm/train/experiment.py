@@ -1,5 +1,6 @@
 """What the trainer needs from an experiment (one module per task in experiments/)."""
 
+import dataclasses
 import pathlib
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
@@ -17,6 +18,16 @@ def masked_mean(values: jax.Array, mask: jax.Array) -> jax.Array:
     For losses and metrics of padded batches; an all-zero mask gives 0."""
     mask = mask.astype(jnp.float32)
     return jnp.sum(values * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluator:
+    """An evaluation the trainer runs every `every` steps (0: never), at step 0 and after the last
+    step: evaluate(params) -> metrics, logged as <name>_<metric> (eval_loss, val_bleu, ...)."""
+
+    name: str
+    every: int
+    evaluate: Callable[[Any], dict[str, float]]
 
 
 class Experiment(Protocol):
@@ -45,6 +56,11 @@ class Experiment(Protocol):
 
     def eval_weight(self, batch: Batch) -> jax.Array:
         """How much a batch counts in the eval means (its real target tokens, say); jittable."""
+
+    def evaluators(self) -> list[Evaluator]:
+        """Evaluations besides the trainer's own `eval` (the loss and metrics of eval_data every
+        eval.every steps): BLEU of decoded val sentences, say. They get host-local params (whole
+        arrays on every process, like texts and final_results). May be empty."""
 
     def active_params(self, params: Any) -> int:
         """The parameters one example's computation uses (fewer than all with mixture-of-experts)."""

@@ -33,6 +33,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from lm.errors import UserError
 from lm.layers.transformer import SCANNED_NAME, is_block_name, stack_layers, unstack_layers
 from lm.runs import CONFIG_FILE
+from lm.train.setup import checkpoint_directory
 
 Renames = list[tuple[str, str]]  # (source prefix, this model's prefix; "" leaves it out)
 
@@ -60,8 +61,6 @@ class CheckpointSource:
                             "checkpoint folder or one step's folder in it")
         step = None
         if (path / CONFIG_FILE).exists():  # a workdir
-            from lm.train.loop import checkpoint_directory  # (the trainer imports this module)
-
             run_config = ml_collections.ConfigDict(json.loads((path / CONFIG_FILE).read_text()))
             path = epath.Path(checkpoint_directory(run_config, str(path)))
         elif path.name.isdigit() and (path / "state").exists():  # one step's folder

@@ -1,0 +1,108 @@
+"""The trainer's shape: evaluators beside the eval loss, and modules that import one another without a cycle."""
+
+import ast
+import json
+import pathlib
+
+import jax
+import pytest
+
+from lm.train.loop import train
+from lm.train.setup import build, restore_params
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def imports_of(path: pathlib.Path) -> set[str]:
+    """The lm.* / experiments.* modules a file imports, at any depth (function-level imports too)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)  # `from lm.train import loop`
+    return {n for n in names if n.split(".")[0] in ("lm", "experiments")}
+
+
+def module_graph() -> dict[str, set[str]]:
+    files = [*REPO.glob("lm/**/*.py"), *REPO.glob("experiments/*.py")]
+    modules = {".".join(f.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__"): f for f in files}
+    return {m: {n for n in imports_of(f) if n in modules and n != m} for m, f in modules.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle as [a, b, ..., a], or []."""
+    state: dict[str, str] = {}
+
+    def visit(node: str, path: list[str]) -> list[str]:
+        state[node] = "open"
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt, [*path, nxt])):
+                return cycle
+        state[node] = "done"
+        return []
+
+    for start in sorted(graph):
+        if start not in state and (cycle := visit(start, [start])):
+            return cycle
+    return []
+
+
+def test_no_import_cycle_among_the_modules():
+    graph = module_graph()
+    assert {"lm.train.loop", "lm.train.setup", "lm.runs", "experiments"} <= graph.keys()
+    assert "lm.train.setup" in graph["lm.runs"] and "lm.runs" in graph["lm.train.loop"]
+    assert find_cycle(graph) == []
+
+
+def test_the_cycle_finder_finds_one():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+
+
+@pytest.fixture(scope="module")
+def translation_run(tmp_path_factory, data_dir):
+    """The translation test config for 10 steps with the val BLEU evaluator every 5."""
+    from configs.translate_transformer import get_config
+
+    config = get_config("test")
+    config.train.update(num_steps=10, checkpoint_every=10)
+    config.eval.update(bleu_every=5, beam_sizes=())
+    workdir = tmp_path_factory.mktemp("translation")
+    summary = train(config, str(workdir), devices=jax.devices()[:1])
+    return config, workdir, summary
+
+
+def test_an_experiment_evaluator_runs_at_its_steps_and_scores_the_params(translation_run):
+    """val_bleu at steps 0, 5 and 10 beside eval_loss at 0 and 10; the last equals the BLEU of the
+    saved params' greedy translations of the val split, recomputed here."""
+    from experiments.translation import from_workdir
+    from lm.data import translation
+    from lm.data.bleu import corpus_bleu
+
+    config, workdir, summary = translation_run
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "val_bleu" in r] == [0, 5, 10]
+    assert [r["step"] for r in records if "eval_loss" in r] == [0, 10]
+    experiment = from_workdir(config, workdir)
+    sources, references = translation.load_pairs("val", "de", "en")
+    bleu = corpus_bleu(experiment.translate(restore_params(config, experiment, workdir), sources, 1), references)
+    assert summary["val_bleu"] == pytest.approx(bleu, abs=1e-6)
+
+
+def test_every_bucket_shape_is_compiled_before_the_first_step(translation_run, capsys):
+    """The translation test data has two length buckets: both train step shapes and the eval shape
+    are compiled together at the start of a run (a resumed segment of the same run here)."""
+    config, workdir, _ = translation_run
+    config.train.num_steps = 12
+    train(config, str(workdir), devices=jax.devices()[:1])
+    out = capsys.readouterr().out
+    assert "resumed from step 10" in out
+    assert out.index("resumed from step 10") < out.index("compiled 3 programs in parallel") < out.index("step     12 |")
+
+
+def test_build_checks_before_anything_compiles(test_config):
+    setup = build(test_config, jax.devices()[:1])
+    assert (setup.mesh.size, setup.experiment.units_per_example) == (1, test_config.data.context_length)
