@@ -20,7 +20,8 @@ original pixels: say so next to any accuracy reported). Switches: --config.model
 --config.model.position=learned|sincos2d|sinusoidal|rope|alibi|none, --config.model.patch_size=8,
 every shared block option (--config.model.norm=rms, --config.model.norm_position=post,
 --config.model.mlp=swiglu, --config.model.moe.num_experts=4, ...), and the augmentation in data.*
-(randaugment_ops, randaugment_magnitude, mixup_alpha, cutmix_alpha, crop_padding, flip, num_workers).
+(randaugment_ops, randaugment_magnitude, mixup_alpha, cutmix_alpha, crop_padding, flip, num_workers: -1 for
+the host's cores less two).
 """
 
 import ml_collections
@@ -46,7 +47,7 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
         config.model.update(num_layers=7, num_heads=12, num_kv_heads=12, embed_dim=384, mlp_ratio=1.0,
                             position="learned", pool="cls")
         config.data.update(randaugment_ops=2, randaugment_magnitude=9.0, mixup_alpha=0.2, cutmix_alpha=1.0,
-                           num_workers=4)
+                           num_workers=-1)  # the cores less two: see lm/data/images.py worker_count
         steps = 200 * 45000 // 128  # 200 epochs
         config.train.update(batch_size=128, num_steps=steps, log_every=200, checkpoint_every=5000)
         config.optimizer.update(learning_rate=1e-3, warmup_steps=5 * 45000 // 128, decay_steps=steps,

@@ -222,7 +222,7 @@ def base_config() -> ml_collections.ConfigDict:
     config.data.randaugment_magnitude = 9.0  # 0..10
     config.data.mixup_alpha = 0.0  # 0: off
     config.data.cutmix_alpha = 0.0  # 0: off (both > 0: one or the other per batch)
-    config.data.num_workers = 0  # 0: augment in a background thread; > 0: worker processes
+    config.data.num_workers = 0  # 0: augment in a background thread; > 0: worker processes; -1: cores less two
 
     config.optimizer = optimizer_options(warmup_steps=500, decay_steps=10000, weight_decay=0.05)
     config.train = train_options(num_steps=10000, label_smoothing=0.1)  # batch_size in images

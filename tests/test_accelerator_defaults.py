@@ -142,3 +142,25 @@ def test_a_second_identical_run_compiles_faster(tmp_path, data_dir):
         assert result.stdout.splitlines()[0] == f"compilation cache: {cache}"
         compile_seconds.append(json.loads((tmp_path / run / "summary.json").read_text())["compile_seconds"])
     assert compile_seconds[1] < 0.6 * compile_seconds[0], compile_seconds
+
+
+def test_image_workers_default_to_the_cores_less_two_and_keep_the_batches(monkeypatch):
+    """num_workers=-1 (ViT full): cores - 2 worker processes, at least 1; the batches are those of
+    the in-process pipeline, in order."""
+    from absl import flags
+
+    from lm.data import images
+
+    if not flags.FLAGS.is_parsed():  # Grain's workers read absl flags (lm.main parses them)
+        flags.FLAGS.mark_as_parsed()
+    assert (images.worker_count(16), images.worker_count(3), images.worker_count(2)) == (14, 1, 1)
+    rng = np.random.default_rng(0)
+    pixels, labels = rng.integers(0, 256, (64, 32, 32, 3), dtype=np.uint8), rng.integers(0, 10, 64)
+    monkeypatch.setattr(images.os, "cpu_count", lambda: 4)
+    in_process = iter(images.train_batches(pixels, labels, 8, seed=1, num_workers=0))
+    workers = iter(images.train_batches(pixels, labels, 8, seed=1, num_workers=-1))
+    for _ in range(3):
+        a, b = next(in_process), next(workers)
+        assert a.keys() == b.keys()
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key])
