@@ -1,7 +1,9 @@
 """The Transformer block and stack shared by GPT, ViT and the encoder-decoder.
 
 Every ablation switch lives in TransformerConfig: norm kind and placement, MLP kind, position
-scheme, attention heads (grouped-query), dropout, initialisation and mixture-of-experts layers.
+scheme, attention heads (grouped-query), dropout, initialisation and mixture-of-experts layers. Each
+is one field declared with `option` (lm/layers/options.py): its default, description and allowed
+values, from which the configs' `model` section and its checks are generated (lm/models/config.py).
 
   pre-norm   x = x + f(norm(x)) per sub-layer, one final norm after the last block (GPT-2)
   post-norm  x = norm(x + f(x)) per sub-layer, no final norm (Vaswani et al. 2017)
