@@ -18,18 +18,17 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 
 from lm import sharding
 from lm.data import images
 from lm.distributed import is_primary
 from lm.errors import UserError
-from lm.layers.moe import moe_objective, parameter_counts
+from lm.layers.moe import parameter_counts
 from lm.layers.transformer import sown_per_layer
+from lm.losses import masked_accuracy, masked_cross_entropy, moe_objective
 from lm.models.config import transformer_config
 from lm.models.vit import ViT, ViTConfig, flops_per_image, stack_position
 from lm.plots import save_confusion_matrix, save_image_attention
-from lm.train.experiment import masked_mean
 from lm.train.options import optimizer_options, run_options, train_options
 
 CONFUSION_MATRIX_FILE = "confusion_matrix.png"
@@ -90,11 +89,10 @@ class ImageClassification:
         )  # (B, K)
         valid = batch["valid"]
         targets = batch["targets"]  # (B, K), rows sum to 1 (0 for dummy rows)
-        smoothed = optax.smooth_labels(targets, self.config.train.label_smoothing)
-        loss = masked_mean(optax.softmax_cross_entropy(logits, smoothed), valid)
-        cross_entropy = masked_mean(optax.softmax_cross_entropy(logits, targets), valid)
-        accuracy = masked_mean((jnp.argmax(logits, -1) == batch["label"]).astype(jnp.float32), valid)
-        moe = self.config.model.moe
+        loss = masked_cross_entropy(logits, targets, valid, self.config.train.label_smoothing)
+        cross_entropy = masked_cross_entropy(logits, targets, valid)
+        accuracy = masked_accuracy(logits, batch["label"], valid)
+        moe = self.model.config.transformer.moe
         aux_loss, moe_metrics = moe_objective(collections.get("moe", {}), moe.load_balance_weight,
                                               moe.router_z_weight)
         return loss + aux_loss, {"cross_entropy": cross_entropy, "accuracy": accuracy, **moe_metrics}

@@ -11,7 +11,8 @@ import numpy as np
 from lm.data import text, tokens
 from lm.errors import UserError
 from lm.generate import generate
-from lm.layers.moe import moe_objective, parameter_counts
+from lm.layers.moe import parameter_counts
+from lm.losses import moe_objective
 from lm.models.config import transformer_config
 from lm.models.gpt import GPT, GPTConfig, flops_per_token
 
@@ -63,10 +64,9 @@ class LanguageModel:
             mutable=["moe"],
         )  # (B, T), in chunks of model.loss_chunk positions
         cross_entropy = token_losses.mean()
-        moe = self.config.model.moe
-        aux_loss, moe_metrics = moe_objective(
-            collections.get("moe", {}), moe.load_balance_weight, moe.router_z_weight
-        )
+        moe = self.model.config.transformer.moe
+        aux_loss, moe_metrics = moe_objective(collections.get("moe", {}), moe.load_balance_weight,
+                                              moe.router_z_weight)
         return cross_entropy + aux_loss, {"cross_entropy": cross_entropy, **moe_metrics}
 
     def train_data(self, batch_size: int, seed: int, shard: tuple[int, int], start_step: int):

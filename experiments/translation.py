@@ -18,20 +18,20 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 
 from lm import sharding
 from lm.data import translation
 from lm.data.bleu import corpus_bleu, tokenized_bleu
 from lm.distributed import is_primary
 from lm.errors import UserError
-from lm.layers.moe import moe_objective, parameter_counts
+from lm.layers.moe import parameter_counts
 from lm.layers.transformer import sown_per_layer
+from lm.losses import masked_accuracy, masked_cross_entropy, moe_objective
 from lm.models.config import compute_dtype, transformer_config
 from lm.models.seq2seq import Seq2Seq, Seq2SeqConfig
 from lm.models.transformer import EncoderDecoder, EncoderDecoderConfig
 from lm.search import beam_search, greedy_search, rnn_step_fn, transformer_step_fn
-from lm.train.experiment import Evaluator, masked_mean
+from lm.train.experiment import Evaluator
 from lm.train.options import optimizer_options, run_options, train_options
 
 ARCHITECTURES = ("rnn", "transformer")
@@ -77,11 +77,9 @@ class Translation:
             rngs={"dropout": rng}, mutable=["moe"],
         )  # (B, T, V)
         targets, mask = batch["targets"], batch["target_mask"]
-        smoothing = self.config.train.label_smoothing
-        labels = optax.smooth_labels(jax.nn.one_hot(targets, logits.shape[-1]), smoothing)
-        smoothed = masked_mean(optax.softmax_cross_entropy(logits, labels), mask)
-        cross_entropy = masked_mean(optax.softmax_cross_entropy_with_integer_labels(logits, targets), mask)
-        accuracy = masked_mean((jnp.argmax(logits, -1) == targets).astype(jnp.float32), mask)
+        smoothed = masked_cross_entropy(logits, targets, mask, self.config.train.label_smoothing)
+        cross_entropy = masked_cross_entropy(logits, targets, mask)
+        accuracy = masked_accuracy(logits, targets, mask)
         aux_loss, moe_metrics = moe_objective(collections.get("moe", {}), *self._moe_weights())
         return smoothed + aux_loss, {"cross_entropy": cross_entropy, "accuracy": accuracy, **moe_metrics}
 

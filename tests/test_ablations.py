@@ -9,8 +9,8 @@ import numpy as np
 import optax
 import pytest
 
-from lm.layers.moe import moe_objective
 from lm.layers.transformer import MoeConfig, TransformerConfig
+from lm.losses import moe_objective
 from lm.models.gpt import GPT, GPTConfig
 
 VOCAB, LENGTH, STEPS = 16, 16, 8

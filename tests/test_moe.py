@@ -8,7 +8,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from lm import sharding
-from lm.layers.moe import EXPERTS_NAME, MoeMlp, moe_objective, parameter_counts
+from lm.layers.moe import EXPERTS_NAME, MoeMlp, parameter_counts
+from lm.losses import moe_objective
 
 MESH_RULES = list(sharding.DEFAULT_RULES)
 

@@ -26,6 +26,7 @@ Sown statistics (collection "moe", name "stats"), with N = the number of tokens 
     router_z_loss = mean over tokens of logsumexp(logits)^2     (ST-MoE)
     dropped_fraction = dropped assignments / (k N)
     expert_fraction = f (E,)
+lm/losses.py: moe_objective turns them into the auxiliary loss and metrics.
 """
 
 import math
@@ -39,6 +40,7 @@ import jax.numpy as jnp
 from lm.layers.linear import Linear
 from lm.layers.mlp import Mlp
 from lm.layers.partitioning import constrain
+from lm.losses import z_loss
 
 EXPERTS_NAME = "experts"  # the vmapped expert Mlp; its params have a leading (E,) "expert" axis
 # Two layouts of the expert inputs and outputs (E, G, C, D): split like the tokens (with the batch),
@@ -143,7 +145,7 @@ class MoeMlp(nn.Module):
             "stats",
             {
                 "load_balance_loss": num_experts * jnp.sum(expert_fraction * mean_probs),
-                "router_z_loss": jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2),
+                "router_z_loss": jnp.mean(z_loss(logits)),
                 "dropped_fraction": 1.0 - jnp.mean(kept, dtype=jnp.float32),
                 "expert_fraction": expert_fraction,
             },
@@ -172,38 +174,6 @@ class MoeMlp(nn.Module):
             expert_out = experts(expert_in)  # (E, G, C, D)
         expert_out = constrain(constrain(expert_out, EXPERT_LAYOUT), TOKEN_LAYOUT)
         return jnp.einsum("gsec,egcd->gsd", combine.astype(self.dtype), expert_out)  # (G, S, D)
-
-
-def moe_objective(
-    moe_collection, load_balance_weight: float, router_z_weight: float
-) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """The auxiliary loss and metrics from the "moe" collection of model.apply(..., mutable=["moe"]).
-
-    loss = load_balance_weight * sum over MoE layers of load_balance_loss
-         + router_z_weight * sum over MoE layers of router_z_loss
-    Summed over layers, as in Switch Transformer and ST-MoE, so their weights (1e-2, 1e-3) carry
-    over. Metrics are means over layers: moe_load_balance_loss, moe_router_z_loss,
-    moe_dropped_fraction and moe_expert_{e}_fraction. Stats stacked with a leading layer axis (by
-    nn.scan) count as one layer per entry. No MoE layers (an empty collection): (0.0, {}).
-    """
-    stats = jax.tree.leaves(moe_collection, is_leaf=lambda node: isinstance(node, dict) and "router_z_loss" in node)
-    if not stats:
-        return jnp.zeros((), jnp.float32), {}
-    num_experts = stats[0]["expert_fraction"].shape[-1]
-
-    def per_layer(name: str, *trailing: int) -> jax.Array:  # (L, *trailing)
-        return jnp.concatenate([jnp.reshape(s[name], (-1, *trailing)) for s in stats])
-
-    load_balance, z_loss = per_layer("load_balance_loss"), per_layer("router_z_loss")
-    loss = load_balance_weight * jnp.sum(load_balance) + router_z_weight * jnp.sum(z_loss)
-    metrics = {
-        "moe_load_balance_loss": jnp.mean(load_balance),
-        "moe_router_z_loss": jnp.mean(z_loss),
-        "moe_dropped_fraction": jnp.mean(per_layer("dropped_fraction")),
-    }
-    for e, fraction in enumerate(jnp.mean(per_layer("expert_fraction", num_experts), axis=0)):
-        metrics[f"moe_expert_{e}_fraction"] = fraction
-    return loss, metrics
 
 
 def parameter_counts(params, top_k: int) -> tuple[int, int]:

@@ -1,7 +1,9 @@
 """The Transformer block and stack shared by GPT, ViT and the encoder-decoder.
 
 Every ablation switch lives in TransformerConfig: norm kind and placement, MLP kind, position
-scheme, attention heads (grouped-query), dropout, initialisation and mixture-of-experts layers.
+scheme, attention heads (grouped-query), dropout, initialisation and mixture-of-experts layers. Each
+is one field declared with `option` (lm/layers/options.py): its default, description and allowed
+values, from which the configs' `model` section and its checks are generated (lm/models/config.py).
 
   pre-norm   x = x + f(norm(x)) per sub-layer, one final norm after the last block (GPT-2)
   post-norm  x = norm(x + f(x)) per sub-layer, no final norm (Vaswani et al. 2017)
@@ -33,6 +35,7 @@ from lm.layers.initializers import INIT_SCHEMES, initializers
 from lm.layers.mlp import MLP_KINDS, Mlp, mlp_hidden_dim
 from lm.layers.moe import MoeMlp
 from lm.layers.norms import NORM_KINDS, Norm
+from lm.layers.options import check_options, option
 from lm.layers.partitioning import constrain
 from lm.layers.positions import POSITION_KINDS
 
@@ -44,51 +47,58 @@ REMAT_POLICIES = {
     "full": jax.checkpoint_policies.nothing_saveable,
 }
 SCANNED_NAME = "blocks"  # the scanned stack's module; its parameters have a leading 'layers' axis
+COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}  # model.compute_dtype -> dtype
 
 
 @dataclasses.dataclass(frozen=True)
 class MoeConfig:
-    num_experts: int = 0  # 0: a dense MLP in every block
-    every: int = 2  # experts replace the MLP of blocks every-1, 2*every-1, ... (1: all blocks)
-    top_k: int = 2  # experts per token: 1 (Switch) or 2 (GShard)
-    capacity_factor: float = 1.25  # slots per expert = capacity_factor * top_k * tokens / experts
+    """The mixture-of-experts options (config section model.moe)."""
+
+    num_experts: int = option(0, "0: a dense MLP in every block; E >= 2: experts replace every `every`-th MLP")
+    every: int = option(2, "experts replace the MLP of blocks every-1, 2*every-1, ... (1: all blocks)")
+    top_k: int = option(2, "experts per token: 1 (Switch) or 2 (GShard)")
+    capacity_factor: float = option(1.25, "slots per expert = capacity_factor * top_k * tokens / experts")
+    load_balance_weight: float = option(0.01, "weight of the Switch/GShard load-balancing loss (lm/losses.py)")
+    router_z_weight: float = option(0.001, "weight of the ST-MoE router z-loss (lm/losses.py)")
+
+    def __post_init__(self):
+        check_options(self, "model.moe.")
 
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
-    num_layers: int
-    embed_dim: int
-    num_heads: int
-    num_kv_heads: int
-    mlp: str = "gelu"  # gelu | relu | swiglu
-    mlp_ratio: float = 4.0  # classic hidden width = mlp_ratio * embed_dim; SwiGLU 2/3 of it
-    mlp_multiple: int = 8  # SwiGLU hidden width rounded to a multiple of this
-    norm: str = "layer"  # layer | rms
-    norm_position: str = "pre"  # pre | post
-    position: str = "learned"  # none | sinusoidal | learned | rope | alibi
-    rope_base: float = 10000.0
-    dropout: float = 0.0  # on embeddings and sub-layer outputs
-    attention_dropout: float = 0.0  # on attention weights
-    use_bias: bool = True
-    init: str = "gpt2"  # see lm.layers.initializers
-    moe: MoeConfig = MoeConfig()
-    dtype: Any = jnp.float32  # compute dtype; parameters stay float32
-    attention_impl: str = "auto"  # auto | xla | cudnn | splash: see lm.layers.attention.attention_implementation
-    scan_layers: bool = False  # one nn.scan over the layers instead of one module per layer
-    remat: str = "none"  # none | dots | dots_no_batch | full: see REMAT_POLICIES
+    """Every block option, declared once: the config's `model` section is generated from these fields
+    (lm/models/config.py), with each field's default, description and allowed values."""
+
+    num_layers: int = option(4, "blocks in the stack (each stack of an encoder-decoder)")
+    num_heads: int = option(4, "attention (query) heads; embed_dim must be a multiple")
+    num_kv_heads: int = option(4, "key/value heads, dividing num_heads: equal for multi-head attention, fewer for "
+                                  "grouped-query attention, 1 for multi-query")
+    embed_dim: int = option(128, "the model width D")
+    mlp: str = option("gelu", "the MLP kind (lm/layers/mlp.py)", choices=MLP_KINDS)
+    mlp_ratio: float = option(4.0, "classic MLP hidden width = mlp_ratio * embed_dim; SwiGLU 2/3 of it")
+    mlp_multiple: int = option(8, "SwiGLU hidden width rounded to a multiple of this")
+    norm: str = option("layer", "LayerNorm or RMSNorm (lm/layers/norms.py)", choices=NORM_KINDS)
+    norm_position: str = option("pre", "pre-norm x + f(norm(x)), or post-norm norm(x + f(x))",
+                                choices=NORM_POSITIONS)
+    position: str = option("learned", "position scheme (lm/layers/positions.py)", choices=POSITION_KINDS)
+    rope_base: float = option(10000.0, "RoPE frequency base")
+    dropout: float = option(0.0, "dropout on embeddings and sub-layer outputs")
+    attention_dropout: float = option(0.0, "dropout on attention weights")
+    use_bias: bool = option(True, "biases in the attention and MLP projections")
+    init: str = option("gpt2", "initialisation scheme (lm/layers/initializers.py)", choices=INIT_SCHEMES)
+    dtype: Any = option(jnp.float32, "compute dtype; parameters stay float32 (the optimizer's master copy)",
+                        choices=COMPUTE_DTYPES, key="compute_dtype")
+    # How the model is computed, not what it computes (the same numerics): see the module docstring.
+    attention_impl: str = option("auto", "fused attention: auto = cuDNN on GPU, splash on TPU where they apply "
+                                         "(lm.layers.attention.attention_implementation)", choices=ATTENTION_IMPLS)
+    scan_layers: bool = option(False, "one nn.scan over the layers (compiles one layer, not num_layers)")
+    remat: str = option("none", "activations recomputed in the backward pass: see REMAT_POLICIES",
+                        choices=tuple(REMAT_POLICIES))
+    moe: MoeConfig = option(MoeConfig(), "mixture-of-experts layers")
 
     def __post_init__(self):
-        for field, value, allowed in [
-            ("mlp", self.mlp, MLP_KINDS),
-            ("norm", self.norm, NORM_KINDS),
-            ("norm_position", self.norm_position, NORM_POSITIONS),
-            ("position", self.position, POSITION_KINDS),
-            ("init", self.init, INIT_SCHEMES),
-            ("attention_impl", self.attention_impl, ATTENTION_IMPLS),
-            ("remat", self.remat, tuple(REMAT_POLICIES)),
-        ]:
-            if value not in allowed:
-                raise UserError(f"model.{field}={value!r}: use one of {allowed}")
+        check_options(self, "model.")
         if self.embed_dim % self.num_heads:
             raise UserError(f"model.embed_dim={self.embed_dim} is not divisible by model.num_heads={self.num_heads}")
         if self.num_kv_heads < 1 or self.num_heads % self.num_kv_heads:

@@ -16,9 +16,10 @@ import jax
 import jax.numpy as jnp
 
 from lm.errors import UserError
-from lm.layers import Linear, constrain
 from lm.layers.embedding import embed
+from lm.layers.heads import LMHead
 from lm.layers.transformer import TransformerConfig, TransformerStack
+from lm.losses import cross_entropy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +54,6 @@ class GPT(nn.Module):
     ) -> jax.Array:
         cfg = self.config
         blocks = cfg.transformer
-        embed_dim = blocks.embed_dim
         cache_index = None
         positions = jnp.arange(tokens.shape[1])
         if decode:
@@ -69,30 +69,17 @@ class GPT(nn.Module):
             x, positions=positions, cache_index=cache_index, train=train, capture_weights=capture_weights
         )
 
-        if cfg.tie_embeddings:
-            head = token_embed.attend  # (..., D) -> (..., V padded)
-        else:
-            head = Linear(
-                (embed_dim,),
-                (cfg.padded_vocab_size,),
-                ("embed", "vocab"),
-                use_bias=False,
-                dtype=blocks.dtype,
-                kernel_init=blocks.inits.dense,
-                name="lm_head",
-            )
-
-        def logits_of(h: jax.Array) -> jax.Array:  # (B, L, D) -> (B, L, V): padding rows never compete
-            logits = head(h.reshape(-1, embed_dim)).reshape(*h.shape[:-1], -1)
-            return constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))[..., : cfg.vocab_size]
+        head = LMHead(cfg.vocab_size, cfg.padded_vocab_size, token_embed if cfg.tie_embeddings else None,
+                      blocks.dtype, blocks.inits.dense, name="head")
+        nn.share_scope(self, head)  # an untied kernel stays GPT's 'lm_head', as in older checkpoints
 
         if targets is None:
-            return logits_of(x)
+            return head(x)
         if not cfg.loss_chunk:
-            return token_cross_entropy(logits_of(x), targets)
-        return self._chunked_cross_entropy(x, targets, logits_of)
+            return cross_entropy(head(x), targets)
+        return self._chunked_cross_entropy(x, targets, head)
 
-    def _chunked_cross_entropy(self, x: jax.Array, targets: jax.Array, logits_of) -> jax.Array:
+    def _chunked_cross_entropy(self, x: jax.Array, targets: jax.Array, head: LMHead) -> jax.Array:
         """x (B, T, D), targets (B, T) -> (B, T) losses, loss_chunk positions at a time (a scan over the
         T / c chunks; each chunk's logits are recomputed in the backward pass rather than kept)."""
         batch, length, embed_dim = x.shape
@@ -106,17 +93,11 @@ class GPT(nn.Module):
 
         def body(module, carry, inputs):
             h, y = inputs  # (B, c, D), (B, c)
-            return carry, token_cross_entropy(logits_of(h), y)
+            return carry, cross_entropy(head(h), y)
 
         scan = nn.scan(nn.remat(body, prevent_cse=False), variable_broadcast="params", split_rngs={"params": False})
         _, losses = scan(self, None, (by_chunk(x), by_chunk(targets)))  # (T / c, B, c)
         return losses.swapaxes(0, 1).reshape(batch, length)
-
-
-def token_cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
-    """logits (..., V) float32, integer targets (...) -> -log softmax(logits)[target], (...)."""
-    target_logits = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-    return jax.nn.logsumexp(logits, axis=-1) - target_logits
 
 
 def flops_per_token(config: GPTConfig, active_params: int) -> float:

@@ -15,9 +15,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from lm.layers import constrain
 from lm.layers.attention import padding_mask
 from lm.layers.embedding import embed
+from lm.layers.heads import LMHead
 from lm.layers.transformer import TransformerConfig, TransformerStack
 
 
@@ -71,9 +71,8 @@ class Decoder(nn.Module):
             x, positions=positions, cache_index=cache_index, memory=memory,
             memory_mask=padding_mask(source_mask.astype(bool)), train=train, capture_weights=capture_weights,
         )
-        logits = table.attend(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], -1)  # tied output layer
-        logits = constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))
-        return logits[..., : cfg.target_vocab_size]
+        padded_vocab_size = cfg.padded(cfg.target_vocab_size)
+        return LMHead(cfg.target_vocab_size, padded_vocab_size, table, name="head")(x)  # tied output layer
 
 
 class EncoderDecoder(nn.Module):

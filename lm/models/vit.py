@@ -23,10 +23,12 @@ import jax.numpy as jnp
 
 from lm.errors import UserError
 from lm.layers import Linear, constrain, param_init
+from lm.layers.heads import PooledClassifier
 from lm.layers.positions import ATTENTION_KINDS, sincos_2d_table, sinusoidal_table
 from lm.layers.transformer import TransformerConfig, TransformerStack
 
-POOLS = ("cls", "gap")
+HEAD_POOLS = {"cls": "cls", "gap": "mean"}  # model.pool -> the pooling of lm/layers/heads.py
+POOLS = tuple(HEAD_POOLS)
 VIT_POSITIONS = ("learned", "sincos2d", "sinusoidal", "none") + ATTENTION_KINDS
 
 
@@ -128,10 +130,10 @@ class ViT(nn.Module):
         x = TransformerStack(blocks, causal=False, name="encoder")(
             x, positions=jnp.arange(x.shape[1]), train=train, capture_weights=capture_weights
         )  # (B, T, D)
-        pooled = x[:, 0] if cfg.pool == "cls" else jnp.mean(x, axis=1)  # (B, D)
-        logits = Linear((dim,), (cfg.num_classes,), ("embed", None), dtype=blocks.dtype,
-                        kernel_init=nn.initializers.zeros, name="head")(pooled)  # zero init, as big_vision
-        return logits.astype(jnp.float32)  # (B, num_classes)
+        classifier = PooledClassifier(cfg.num_classes, HEAD_POOLS[cfg.pool], dtype=blocks.dtype,
+                                      kernel_init=nn.initializers.zeros, name="classifier")  # zero init, as big_vision
+        nn.share_scope(self, classifier)  # its dense stays the ViT's 'head', as in older checkpoints
+        return classifier(x)  # (B, num_classes)
 
     def _position_table(self) -> jax.Array:
         """(N, D) added to the patch embeddings (zeros for none/rope/alibi)."""

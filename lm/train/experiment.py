@@ -7,17 +7,9 @@ from typing import Any, Protocol
 
 import grain
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 Batch = dict[str, np.ndarray]
-
-
-def masked_mean(values: jax.Array, mask: jax.Array) -> jax.Array:
-    """Mean of values over the positions where mask (same shape) is 1: real tokens, valid rows.
-    For losses and metrics of padded batches; an all-zero mask gives 0."""
-    mask = mask.astype(jnp.float32)
-    return jnp.sum(values * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
 @dataclasses.dataclass(frozen=True)
