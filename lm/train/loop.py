@@ -140,12 +140,7 @@ def train(
     with workdir_lock(workdir_path, jax.process_index()), jax.set_mesh(setup.mesh), \
             nn.logical_axis_rules(setup.rules):  # the lock before anything is written there
         summary = _train_locked(setup, workdir_path)
-    summary_path = workdir_path / SUMMARY_FILE
-    previous = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     stopped_by = summary.pop("stopped_by", None)
-    summary = {**previous, **summary}  # a resumed run keeps what earlier segments measured
-    if is_primary():
-        summary_path.write_text(json.dumps(summary, indent=2))
     if stopped_by:
         raise Stopped(stopped_by, summary["step"])
     return summary
@@ -199,10 +194,16 @@ def _train_locked(setup: Setup, workdir: pathlib.Path) -> dict[str, float]:
         )
         with StopSignal(tcfg.log_every) as stop, batches:
             trainer = Trainer(setup, state_shardings, checkpointer, writer, workdir)
-            return trainer.run(state, batches, start_step, stop)
+            summary = trainer.run(state, batches, start_step, stop)
     finally:
         checkpointer.close()
         writer.close()
+    summary_path = workdir / SUMMARY_FILE
+    previous = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    summary = {**previous, **summary}  # a resumed run keeps what earlier segments measured
+    if is_primary():
+        summary_path.write_text(json.dumps({k: v for k, v in summary.items() if k != "stopped_by"}, indent=2))
+    return summary
 
 
 class Trainer:
