@@ -9,8 +9,8 @@ import ml_collections
 import numpy as np
 
 from lm.data import text, tokens
+from lm.decode.generate import generate
 from lm.errors import UserError
-from lm.generate import generate
 from lm.layers.moe import parameter_counts
 from lm.losses import moe_objective
 from lm.models.config import transformer_config

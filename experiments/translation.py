@@ -2,7 +2,7 @@
 encoder-decoder, trained with teacher forcing on length-bucketed batches.
 
 config.model.architecture picks the family: "rnn" (lm/models/seq2seq.py, options cell, attention,
-embed_dim, hidden_dim, num_layers, dropout) or "transformer" (lm/models/transformer.py, every shared
+embed_dim, hidden_dim, num_layers, dropout) or "transformer" (lm/models/encoder_decoder.py, every shared
 block option of lm/models/config.py).
 Loss: cross-entropy over the real target tokens (padding never counts), with label smoothing
 train.label_smoothing; `cross_entropy` (unsmoothed, for perplexity) and `accuracy` are logged too.
@@ -22,15 +22,15 @@ import numpy as np
 from lm import sharding
 from lm.data import translation
 from lm.data.bleu import corpus_bleu, tokenized_bleu
+from lm.decode.search import beam_search, greedy_search, rnn_step_fn, transformer_step_fn
 from lm.distributed import is_primary
 from lm.errors import UserError
 from lm.layers.moe import parameter_counts
 from lm.layers.transformer import sown_per_layer
 from lm.losses import masked_accuracy, masked_cross_entropy, moe_objective
 from lm.models.config import compute_dtype, transformer_config
+from lm.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 from lm.models.seq2seq import Seq2Seq, Seq2SeqConfig
-from lm.models.transformer import EncoderDecoder, EncoderDecoderConfig
-from lm.search import beam_search, greedy_search, rnn_step_fn, transformer_step_fn
 from lm.train.experiment import Evaluator
 from lm.train.options import optimizer_options, run_options, train_options
 

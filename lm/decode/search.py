@@ -218,11 +218,11 @@ def rnn_step_fn(model, params, memory, beam_size: int = 1) -> tuple[StepFn, Any]
 
 def transformer_step_fn(model, params, memory: jax.Array, source_mask: jax.Array, max_length: int,
                         beam_size: int = 1) -> tuple[StepFn, Any]:
-    """For `lm.models.transformer.EncoderDecoder`: memory (B, S, D) from `encode` and source_mask (B, S) ->
+    """For `lm.models.encoder_decoder.EncoderDecoder`: memory (B, S, D) from `encode` and source_mask (B, S) ->
     (step_fn, state): the state is a zero KV cache of N = B*beam_size rows and max_length positions
     ({'...': {'cached_key' (N, L, K, Dh), ...}, 'index': ()}); memory and mask are tiled and closed over.
     max_length must not exceed the model's position table (config.max_length)."""
-    from lm.models.transformer import EncoderDecoder
+    from lm.models.encoder_decoder import EncoderDecoder
 
     if beam_size > 1:
         memory, source_mask = tile_beams((memory, source_mask), beam_size)

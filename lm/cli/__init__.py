@@ -1,4 +1,5 @@
-"""Command-line plumbing shared by lm.main and lm.sample: one-line errors, non-zero exits."""
+"""The command-line entry points (train, sample, translate, sweep, compare: `python -m lm.cli.<name>`, or
+the shorter `python -m lm.main`, `lm.sample`, ...) and their shared plumbing: one-line errors, non-zero exits."""
 
 import sys
 from collections.abc import Callable

@@ -1,0 +1,242 @@
+"""Compare training runs side by side: a table over seeds, a Markdown report and loss-curve plots.
+
+  python -m lm.compare runs/norm [more directories] [--group_by=model.norm_position] [--out=runs/norm]
+      [--spike=1.0]
+
+Reads every run folder under the directories (any folder with config.json and metrics.jsonl written by
+lm.main: sweep arms, or runs copied in from elsewhere). A key missing from a run's config (a run made
+before the key existed) reads as None. Runs whose configs differ only by `seed` form a
+group (or, with --group_by=a,b, runs with the same values of those keys). Per group it prints n (seeds),
+final and best val loss (last and lowest eval_loss) as mean ± sample std over seeds, the same for every
+score in the runs' results.json (e.g. test BLEU, or val loss at a longer context; '-' where none has
+it), steps/s (mean of the logged steps_per_second, leaving out each run's first logged interval),
+parameters (summary.json) and how many runs diverged. It writes report.md, train_loss.png and
+val_loss.png (mean curve over seeds with a min-max band) into --out (default: the directory).
+
+Divergence: a run diverged if a logged train loss or eval loss is NaN or infinite, or if a logged train
+loss (a mean over train.log_every steps) is more than --spike nats above the lowest train loss logged
+before it.
+"""
+
+import dataclasses
+import json
+import math
+import os
+import pathlib
+
+import numpy as np
+from absl import app, flags
+
+from lm.cli import parse_flags, run_user_errors
+from lm.errors import UserError
+from lm.runs import CONFIG_FILE, METRICS_FILE, RESULTS_FILE, SUMMARY_FILE
+
+SPIKE_NATS = 1.0  # the default --spike
+
+_OUT = flags.DEFINE_string("out", None, "Where report.md and the plots go (default: the runs directory).")
+_GROUP_BY = flags.DEFINE_list("group_by", None, "Config keys that name a group (default: every key that "
+                              "differs across the runs except seed).")
+_SPIKE = flags.DEFINE_float("spike", SPIKE_NATS, "A train loss this many nats above the running minimum "
+                            "counts as divergence.")
+
+
+@dataclasses.dataclass
+class Run:
+    path: pathlib.Path
+    config: dict  # flattened: {'model.norm': 'layer', 'seed': 0, ...}
+    train: list[dict]  # metrics.jsonl records with a train 'loss', in step order
+    eval: list[dict]  # records with 'eval_loss'
+    summary: dict
+    results: dict  # results.json without 'step' (scores after training, e.g. test BLEU); {} if absent
+
+
+def flatten(tree: dict, prefix: str = "") -> dict:
+    """{'model': {'norm': 'rms'}} -> {'model.norm': 'rms'}; lists become JSON strings (hashable)."""
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = json.dumps(value) if isinstance(value, list) else value
+    return flat
+
+
+def read_run(path: pathlib.Path) -> Run:
+    records = [json.loads(line) for line in (path / METRICS_FILE).read_text().splitlines() if line.strip()]
+    records.sort(key=lambda r: r["step"])
+    summary_path, results_path = path / SUMMARY_FILE, path / RESULTS_FILE
+    results = json.loads(results_path.read_text()) if results_path.is_file() else {}
+    return Run(
+        path=path,
+        config=flatten(json.loads((path / CONFIG_FILE).read_text())),
+        train=[r for r in records if "loss" in r],
+        eval=[r for r in records if "eval_loss" in r],
+        summary=json.loads(summary_path.read_text()) if summary_path.is_file() else {},
+        results={k: v for k, v in results.items() if k != "step"},
+    )
+
+
+def find_runs(root: pathlib.Path) -> list[Run]:
+    """Every folder at or under root with config.json and metrics.jsonl, in path order."""
+    if not root.is_dir():
+        raise UserError(f"{root} is not a directory")
+    folders = sorted(p.parent for p in root.rglob(CONFIG_FILE) if (p.parent / METRICS_FILE).is_file())
+    if not folders:
+        raise UserError(f"no runs under {root}: a run folder holds config.json and metrics.jsonl (from lm.main)")
+    return [read_run(folder) for folder in folders]
+
+
+def group_keys(runs: list[Run]) -> list[str]:
+    """The config keys whose values differ across the runs, seed left out."""
+    keys = sorted({k for run in runs for k in run.config})
+    return [k for k in keys if k != "seed" and len({repr(run.config.get(k)) for run in runs}) > 1]
+
+
+def group_runs(runs: list[Run], keys: list[str] | None = None) -> dict[str, list[Run]]:
+    """{label: runs}: runs with equal values of keys (default group_keys(runs)), sorted by label, which
+    is 'key=value,...' ('all runs' when no key differs)."""
+    keys = group_keys(runs) if keys is None else keys
+    known = {k for run in runs for k in run.config}
+    unknown = [k for k in keys if k not in known]
+    if unknown:
+        raise UserError(f"--group_by: no run's config has {', '.join(unknown)}")
+    groups: dict[str, list[Run]] = {}
+    for run in runs:
+        label = ",".join(f"{k}={run.config.get(k)}" for k in keys) or "all runs"
+        groups.setdefault(label, []).append(run)
+    return dict(sorted(groups.items()))
+
+
+def divergence(run: Run, spike: float = SPIKE_NATS) -> str:
+    """'' if the run trained stably, else why not: the first non-finite loss, or the first logged train
+    loss more than `spike` above the lowest one logged before it."""
+    for record in sorted(run.train + run.eval, key=lambda r: r["step"]):
+        for key in ("loss", "eval_loss"):
+            if key in record and not math.isfinite(record[key]):
+                return f"{key} {record[key]} at step {record['step']}"
+    lowest = math.inf
+    for record in run.train:
+        if record["loss"] > lowest + spike:
+            return f"loss spike to {record['loss']:.3g} (min {lowest:.3g}) at step {record['step']}"
+        lowest = min(lowest, record["loss"])
+    return ""
+
+
+def steps_per_second(run: Run) -> float | None:
+    """Mean logged steps/s after the first logged interval (which pays for warm-up); None if none."""
+    values = [r["steps_per_second"] for r in run.train[1:] if "steps_per_second" in r]
+    return float(np.mean(values)) if values else None
+
+
+def mean_std(values: list[float | None]) -> tuple[float | None, float | None]:
+    """Mean and sample standard deviation (ddof=1; None for one value) of the values that are not None
+    (a NaN value makes both NaN: a diverged seed is not averaged away); (None, None) if there are none."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return None, None
+    return float(np.mean(present)), float(np.std(present, ddof=1)) if len(present) > 1 else None
+
+
+def group_stats(runs: list[Run], spike: float = SPIKE_NATS) -> dict:
+    final = [r.eval[-1]["eval_loss"] if r.eval else None for r in runs]
+    best = [float(np.min([e["eval_loss"] for e in r.eval])) if r.eval else None for r in runs]  # NaN-propagating
+    reasons = {r.path.name: divergence(r, spike) for r in runs}
+    return {
+        "n": len(runs),
+        "final_val_loss": mean_std(final),
+        "best_val_loss": mean_std(best),
+        "steps_per_second": mean_std([steps_per_second(r) for r in runs])[0],
+        "num_params": runs[0].summary.get("num_params"),
+        "active_params": runs[0].summary.get("active_params"),
+        "diverged": {name: why for name, why in reasons.items() if why},
+        "results": {key: mean_std([r.results.get(key) for r in runs])
+                    for key in sorted({k for r in runs for k in r.results})},
+    }
+
+
+def format_mean_std(mean_and_std: tuple[float, float], digits: int = 4) -> str:
+    mean, std = mean_and_std
+    if mean is None:
+        return "-"
+    return f"{mean:.{digits}f}" + ("" if std is None else f" ± {std:.{digits}f}")
+
+
+def format_params(count) -> str:
+    return "-" if count is None else f"{count / 1e6:.3f}M" if count >= 1e5 else f"{count:,}"
+
+
+def table(stats: dict[str, dict]) -> str:
+    """A Markdown table, a row per group; a column for each results.json score any run has."""
+    result_keys = sorted({k for s in stats.values() for k in s["results"]})
+    rows = ["| group | n | final val loss | best val loss | " + "".join(f"{k} | " for k in result_keys)
+            + "steps/s | params (active / total) | diverged |",
+            "|---|---|---|---|" + "---|" * len(result_keys) + "---|---|---|"]
+    for label, s in stats.items():
+        speed = "-" if s["steps_per_second"] is None else f"{s['steps_per_second']:.2f}"
+        params = f"{format_params(s['active_params'])} / {format_params(s['num_params'])}"
+        scores = "".join(f"{format_mean_std(s['results'].get(k, (None, None)))} | " for k in result_keys)
+        rows.append(f"| {label} | {s['n']} | {format_mean_std(s['final_val_loss'])} | "
+                    f"{format_mean_std(s['best_val_loss'])} | {scores}{speed} | {params} | "
+                    f"{len(s['diverged'])}/{s['n']} |")
+    return "\n".join(rows)
+
+
+def mean_curve(runs: list[Run], records: str, key: str) -> tuple[np.ndarray, ...] | None:
+    """(steps, mean, min, max) over the runs of `key` at the steps every run logged; None if none."""
+    series = [{r["step"]: r[key] for r in getattr(run, records)} for run in runs]
+    steps = sorted(set.intersection(*(set(s) for s in series)))
+    if not steps:
+        return None
+    values = np.array([[s[step] for step in steps] for s in series], np.float64)
+    return np.array(steps), values.mean(0), values.min(0), values.max(0)
+
+
+def write_report(roots: list[pathlib.Path], out: pathlib.Path, groups: dict[str, list[Run]],
+                 stats: dict[str, dict], spike: float) -> None:
+    from lm.plots import save_loss_curves
+
+    out.mkdir(parents=True, exist_ok=True)
+    base = pathlib.Path(os.path.commonpath([root.absolute() for root in roots]))
+    lines = [f"# Comparison of {sum(len(g) for g in groups.values())} runs in {', '.join(map(str, roots))}", "",
+             table(stats), "",
+             "Val loss: mean ± sample std (ddof=1) over seeds of the last (final) and lowest (best) eval_loss. "
+             "steps/s: mean of the logged steps_per_second, each run's first logged interval left out. "
+             f"Diverged: a NaN/inf loss, or a logged train loss more than {spike:g} nat above the lowest "
+             "logged before it. Plots: mean over seeds, band from min to max.", "",
+             "![train loss](train_loss.png)", "", "![val loss](val_loss.png)", "", "## Runs", ""]
+    for label, runs in groups.items():
+        lines.append(f"- {label}: " + ", ".join(f"`{run.path.absolute().relative_to(base)}`" for run in runs))
+        lines += [f"  - diverged: `{name}`: {why}" for name, why in stats[label]["diverged"].items()]
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    for records, key, name in (("train", "loss", "train loss"), ("eval", "eval_loss", "val loss")):
+        curves = {label: mean_curve(runs, records, key) for label, runs in groups.items()}
+        save_loss_curves(out / f"{name.replace(' ', '_')}.png",
+                         {label: c for label, c in curves.items() if c is not None}, name,
+                         title=f"{name} (mean over seeds; band: min to max)")
+
+
+def compare(roots: str | list[str], out: str | None = None, group_by: list[str] | None = None,
+            spike: float = SPIKE_NATS) -> dict[str, dict]:
+    """Reads the runs under the root directories, prints the table and writes the report (into out,
+    default the first root); returns {group: stats}."""
+    root_paths = [pathlib.Path(root) for root in ([roots] if isinstance(roots, str) else roots)]
+    groups = group_runs([run for root in root_paths for run in find_runs(root)], group_by)
+    stats = {label: group_stats(runs, spike) for label, runs in groups.items()}
+    print(table(stats))
+    write_report(root_paths, pathlib.Path(out) if out else root_paths[0], groups, stats, spike)
+    return stats
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) < 2:
+        raise app.UsageError("pass one or more directories of runs: python -m lm.compare runs/norm")
+    run_user_errors(lambda: compare(argv[1:], _OUT.value, _GROUP_BY.value, _SPIKE.value))
+
+
+def run() -> None:
+    """The command: flags from sys.argv, then main (also what `python -m lm.compare` runs)."""
+    app.run(main, flags_parser=parse_flags)
+
+
+if __name__ == "__main__":
+    run()

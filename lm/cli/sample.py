@@ -1,0 +1,51 @@
+"""Generate text from the latest checkpoint of a language-model run.
+
+  python -m lm.sample --workdir=runs/baby --prompt="ROMEO:" --max_new_tokens=300 \
+      --temperature=0.8 --top_k=40
+"""
+
+import pathlib
+
+from absl import app, flags, logging
+
+from lm.cli import define_workdir, parse_flags, run_user_errors
+from lm.errors import UserError
+from lm.runs import load_run
+
+_WORKDIR = define_workdir("A run folder written by lm.main.")
+_PROMPT = flags.DEFINE_string("prompt", "\n", "Text to continue.")
+_MAX_NEW_TOKENS = flags.DEFINE_integer("max_new_tokens", 300, "How many tokens to generate.")
+_TEMPERATURE = flags.DEFINE_float("temperature", 0.8, "Softmax temperature; 0 is greedy.")
+_TOP_K = flags.DEFINE_integer("top_k", 40, "Sample from the k most likely tokens; 0 = all.")
+_NUM_SAMPLES = flags.DEFINE_integer("num_samples", 1, "How many independent samples.")
+_SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    logging.set_verbosity(logging.WARNING)
+
+    def sample():
+        experiment, params = load_run(pathlib.Path(_WORKDIR.value), "language_model")
+        try:
+            experiment.tokenizer.encode(_PROMPT.value)
+        except ValueError as e:
+            raise UserError(f"--prompt: {e}") from e
+        for i in range(_NUM_SAMPLES.value):
+            text = experiment.sample(
+                params, _PROMPT.value, _MAX_NEW_TOKENS.value, _TEMPERATURE.value, _TOP_K.value,
+                seed=_SEED.value + i,
+            )
+            print(text if i == 0 else f"---\n{text}")
+
+    run_user_errors(sample)
+
+
+def run() -> None:
+    """The command: flags from sys.argv, then main (also what `python -m lm.sample` runs)."""
+    app.run(main, flags_parser=parse_flags)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,227 @@
+"""Run a grid of training runs (a sweep): every combination of the --sweep axes, one lm.main run each.
+
+  python -m lm.sweep --config=configs/gpt_shakespeare.py:baby --sweep=model.norm_position=pre,post \
+      --sweep=seed=0,1,2 --workdir=runs/norm [--parallel=1] [--config.train.num_steps=500 ...]
+  python -m lm.sweep --sweep_file=experiments/sweeps/norm_position.py --workdir=runs/norm
+
+Each arm trains in <workdir>/<arm name> (e.g. runs/norm/model.norm_position=pre,seed=0) through its own
+`python -m lm.main` process, --parallel at a time; a crashed arm does not stop the others (its output is
+in <arm>/train.log). --config.key=value overrides apply to every arm. A sweep file is a Python module
+with CONFIG (the config spec), AXES ({key: [values]}) and optionally OVERRIDES ({key: value}).
+
+Every arm's overrides are checked against the config before any arm starts. Rerunning the same command
+skips finished arms (results.json at train.num_steps) and resumes interrupted ones from their latest
+checkpoint. <workdir>/sweep.json records the config, axes, overrides and each arm's workdir and status;
+lm.main writes each arm's resolved config to <arm>/config.json. Compare the arms with lm.compare.
+"""
+
+import concurrent.futures
+import dataclasses
+import importlib.util
+import itertools
+import json
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import threading
+
+from absl import app, flags
+
+from lm.cli import define_workdir, parse_flags, run_user_errors
+from lm.errors import UserError
+from lm.overrides import format_value, parse_axis, parse_value, resolve_config, split_config_overrides
+from lm.runs import RESULTS_FILE
+
+SWEEP_FILE = "sweep.json"
+LOG_FILE = "train.log"  # an arm's lm.main output
+STOPPED_EXIT_CODES = (128 + signal.SIGTERM, 128 + signal.SIGINT)  # lm.main saved a checkpoint, then stopped
+
+_CONFIG = flags.DEFINE_string("config", None, "Config file and variant, e.g. configs/gpt_shakespeare.py:baby")
+_SWEEP = flags.DEFINE_multi_string("sweep", [], "An axis: key=value1,value2,... (repeat for a grid).")
+_SWEEP_FILE = flags.DEFINE_string("sweep_file", None, "A Python file with CONFIG, AXES and OVERRIDES.")
+_WORKDIR = define_workdir("The sweep folder; each arm trains in a subfolder.")
+_PARALLEL = flags.DEFINE_integer("parallel", 1, "How many arms train at a time.")
+
+
+@dataclasses.dataclass
+class Arm:
+    name: str
+    overrides: dict[str, str]  # the axis values of this arm, as command-line strings
+    workdir: pathlib.Path
+    num_steps: int  # train.num_steps of the arm's resolved config
+    status: str = "pending"  # pending | running | finished | skipped (finished earlier) | interrupted | failed (exit N)
+
+
+def expand_grid(axes: dict[str, list[str]]) -> list[dict[str, str]]:
+    """The cartesian product of the axes, the first axis varying slowest: one {key: value} per arm."""
+    keys = list(axes)
+    return [dict(zip(keys, values, strict=True)) for values in itertools.product(*axes.values())]
+
+
+def arm_name(overrides: dict[str, str]) -> str:
+    """'model.norm_position=pre,seed=0': a folder name (characters other than letters, digits and
+    . _ = , + - become _)."""
+    return re.sub(r"[^A-Za-z0-9._=,+-]", "_", ",".join(f"{k}={v}" for k, v in overrides.items()))
+
+
+def load_sweep_file(path: str) -> tuple[str, dict[str, list[str]], dict[str, str]]:
+    """(config spec, axes, overrides) from a sweep file, values as command-line strings."""
+    file = pathlib.Path(path)
+    if not file.is_file():
+        raise UserError(f"--sweep_file={path}: no such file")
+    spec = importlib.util.spec_from_file_location(f"sweep_{file.stem}", file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not isinstance(getattr(module, "CONFIG", None), str) or not isinstance(getattr(module, "AXES", None), dict):
+        raise UserError(f"--sweep_file={path} must define CONFIG (a config spec) and AXES ({{key: [values]}})")
+    axes = {}
+    for key, values in module.AXES.items():
+        if isinstance(values, str | bytes) or not hasattr(values, "__iter__") or not list(values):
+            raise UserError(f"--sweep_file={path}: AXES[{key!r}] must be a non-empty list of values")
+        axes[key] = [format_value(v) for v in values]
+    overrides = {k: format_value(v) for k, v in getattr(module, "OVERRIDES", {}).items()}
+    return module.CONFIG, axes, overrides
+
+
+def plan_sweep(spec: str, axes: dict[str, list[str]], overrides: dict[str, str], workdir: pathlib.Path) -> list[Arm]:
+    """The arms of the grid, every one's overrides checked against the config (UserError on the first bad
+    one), before anything runs."""
+    if not axes:
+        raise UserError("no sweep axes: pass --sweep=key=value1,value2,... or a --sweep_file with AXES")
+    for key, values in axes.items():
+        if not values:
+            raise UserError(f"the sweep axis {key} has no values")
+    both = sorted(set(axes) & set(overrides))
+    if both:
+        raise UserError(f"{', '.join(both)} is both a sweep axis and a --config override; drop one")
+    arms = []
+    for arm_overrides in expand_grid(axes):
+        config = resolve_config(spec, {**overrides, **arm_overrides})
+        name = arm_name(arm_overrides)
+        arms.append(Arm(name, arm_overrides, workdir / name, int(config.train.num_steps)))
+    names = [arm.name for arm in arms]
+    if len(set(names)) != len(names):
+        raise UserError(f"two arms would share a folder name: {names}; make the sweep values distinct")
+    return arms
+
+
+def is_finished(arm: Arm) -> bool:
+    """Whether the arm's run has written results.json at (or past) its train.num_steps."""
+    path = arm.workdir / RESULTS_FILE
+    try:
+        return json.loads(path.read_text()).get("step", -1) >= arm.num_steps
+    except (OSError, ValueError):
+        return False
+
+
+def run_arm(spec: str, overrides: dict[str, str], workdir: pathlib.Path) -> int:
+    """Trains (or resumes) one arm in a `python -m lm.main` subprocess, output appended to
+    workdir/train.log; returns its exit code."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "lm.main", f"--config={spec}", f"--workdir={workdir}",
+               *(f"--config.{k}={v}" for k, v in overrides.items())]
+    with (workdir / LOG_FILE).open("a") as log:
+        log.write(f"$ {' '.join(command)}\n")
+        log.flush()
+        return subprocess.run(command, stdout=log, stderr=subprocess.STDOUT).returncode
+
+
+def write_record(workdir: pathlib.Path, spec: str, axes: dict, overrides: dict, arms: list[Arm]) -> None:
+    record = {
+        "config": spec,
+        "axes": {k: [parse_value(v) for v in values] for k, values in axes.items()},
+        "overrides": {k: parse_value(v) for k, v in overrides.items()},
+        "arms": [{"name": a.name, "overrides": {k: parse_value(v) for k, v in a.overrides.items()},
+                  "workdir": str(a.workdir), "status": a.status} for a in arms],
+    }
+    (workdir / SWEEP_FILE).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def run_sweep(spec: str, axes: dict[str, list[str]], overrides: dict[str, str], workdir: str | pathlib.Path,
+              parallel: int = 1, runner=run_arm) -> list[Arm]:
+    """Plans and checks the grid, then runs the arms that have not finished, `parallel` at a time, with
+    runner(spec, overrides, arm_workdir) -> exit code. Returns the arms with their final status."""
+    if parallel < 1:
+        raise UserError(f"--parallel={parallel}: must be at least 1")
+    workdir = pathlib.Path(workdir).expanduser().absolute()
+    arms = plan_sweep(spec, axes, overrides, workdir)
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"--workdir={workdir} cannot be created ({e.strerror})") from e
+    todo = []
+    for arm in arms:
+        if is_finished(arm):
+            arm.status = "skipped (finished earlier)"
+        else:
+            todo.append(arm)
+    lock = threading.Lock()
+    write_record(workdir, spec, axes, overrides, arms)
+    print(f"sweep of {len(arms)} arms in {workdir}: {len(arms) - len(todo)} finished earlier, {len(todo)} to run")
+
+    def train(arm: Arm) -> None:
+        with lock:
+            arm.status = "running"
+            write_record(workdir, spec, axes, overrides, arms)
+        print(f"start {arm.name}", flush=True)
+        code = runner(spec, {**overrides, **arm.overrides}, arm.workdir)
+        with lock:
+            if code in STOPPED_EXIT_CODES or (code == 0 and not is_finished(arm)):
+                arm.status = "interrupted"  # a checkpoint was saved: rerunning the sweep resumes it
+            elif code != 0:
+                arm.status = f"failed (exit {code})"
+            else:
+                arm.status = "finished"
+            write_record(workdir, spec, axes, overrides, arms)
+        print(f"{arm.status:<9} {arm.name}" + ("" if code == 0 else f" (see {arm.workdir / LOG_FILE})"), flush=True)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=parallel) as pool:
+        list(pool.map(train, todo))
+    return arms
+
+
+_OVERRIDES: dict[str, str] = {}
+
+
+def parse_sweep_flags(argv: list[str]) -> list[str]:
+    rest, overrides = split_config_overrides(argv)
+    _OVERRIDES.update(overrides)
+    return parse_flags(rest)
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+
+    def sweep() -> None:
+        if _SWEEP_FILE.value:
+            if _CONFIG.value or _SWEEP.value:
+                raise UserError("--sweep_file defines the config and the axes: drop --config and --sweep")
+            spec, axes, overrides = load_sweep_file(_SWEEP_FILE.value)
+        else:
+            if not _CONFIG.value:
+                raise UserError("pass --config=<file>:<variant> with --sweep axes, or --sweep_file")
+            spec, axes, overrides = _CONFIG.value, {}, {}
+            for text in _SWEEP.value:
+                key, values = parse_axis(text)
+                if key in axes:
+                    raise UserError(f"--sweep={key}=... is given twice; put all its values in one --sweep")
+                axes[key] = values
+        arms = run_sweep(spec, axes, {**overrides, **_OVERRIDES}, _WORKDIR.value, _PARALLEL.value)
+        failed = [arm.name for arm in arms if arm.status.startswith("failed")]
+        if failed:
+            print(f"{len(failed)} of {len(arms)} arms failed: {', '.join(failed)}", file=sys.stderr)
+            sys.exit(1)
+
+    run_user_errors(sweep)
+
+
+def run() -> None:
+    """The command: flags from sys.argv, then main (also what `python -m lm.sweep` runs)."""
+    app.run(main, flags_parser=parse_sweep_flags)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,85 @@
+"""Train an experiment from a config.
+
+  python -m lm.main --config=configs/gpt_shakespeare.py:baby --workdir=runs/baby \
+      [--config.model.norm_position=post ...]
+
+Rerunning the same command resumes from the latest checkpoint in --workdir (and compiles again, unless
+--config.train.compilation_cache_dir=DIR keeps the compiled programs for it). With --dry_run it builds
+the mesh, compiles the train step and prints parameters, per-device memory and FLOPs per step, then
+exits without training or writing anything.
+
+Multi-process (TPU pod slices, GPU clusters): every process runs the same command. On a pod slice,
+under SLURM or Open MPI, jax.distributed finds the other processes itself; elsewhere give
+--coordinator_address=host0:port --num_processes=N --process_id=i (launch/ has the scripts). Only
+process 0 prints progress and writes logs; all of them write the checkpoints together.
+"""
+
+import logging as std_logging
+import os
+import signal
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from lm.cli import define_workdir, parse_flags, run_user_errors
+from lm.cpu import keep_freed_memory
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Config file and variant, e.g. configs/gpt_shakespeare.py:baby", lock_config=True
+)
+_WORKDIR = define_workdir("Run folder: config, checkpoints, logs, samples.")
+flags.mark_flag_as_required("config")
+_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Compile the train step for the mesh, print its memory and "
+                             "FLOPs, and exit.")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0, for a multi-process "
+                                   "run started by hand (default: $JAX_COORDINATOR_ADDRESS, or the launcher's)")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "How many processes take part (default: "
+                                      "$JAX_NUM_PROCESSES, or the launcher's)")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index, 0 to num_processes - 1 "
+                                   "(default: $JAX_PROCESS_ID, or the launcher's)")
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO
+    # Orbax writes in asyncio tasks; when a write fails (a full disk), asyncio reports the tasks it
+    # drops at exit, after the trainer's own one-line error. The error already says what happened.
+    std_logging.getLogger("asyncio").setLevel(std_logging.CRITICAL)
+    keep_freed_memory()
+    run_user_errors(start_processes)
+    # after flag parsing, so --help and flag errors are quick
+    from lm.train.dry_run import dry_run
+    from lm.train.loop import Stopped, train
+
+    if _DRY_RUN.value:
+        run_user_errors(lambda: dry_run(_CONFIG.value))
+        return
+    try:
+        run_user_errors(lambda: train(_CONFIG.value, _WORKDIR.value))
+    except Stopped as e:  # SIGTERM or SIGINT: the checkpoint is saved; the exit code says why it ended
+        print(e, file=sys.stderr)
+        sys.exit(128 + signal.Signals[e.signal_name].value)
+
+
+def start_processes() -> None:
+    """jax.distributed when this is one of several processes. The others' stdout (progress lines) is
+    dropped, so the log shows each line once; their stderr (warnings, errors) stays."""
+    from lm import distributed
+
+    role = distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+    if role is None:
+        return
+    print(f"multi-process run: {role}", file=sys.stderr)
+    if not distributed.is_primary():
+        sys.stdout = open(os.devnull, "w")  # for the life of the process
+
+
+def run() -> None:
+    """The command: flags from sys.argv, then main (also what `python -m lm.main` runs)."""
+    app.run(main, flags_parser=parse_flags)
+
+
+if __name__ == "__main__":
+    run()
