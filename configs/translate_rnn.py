@@ -12,7 +12,7 @@ Switches: --config.model.cell=lstm, --config.model.attention=luong_dot|luong_gen
 --config.data.tokenizer=word (lowercased words, as the PyTorch tutorials), --config.data.source_lang=en
 --config.data.target_lang=de.
 
-Measured on test_2016_flickr (sacreBLEU, beam 4; README "Translation" has the rest), 2-core CPU at
+Measured on test_2016_flickr (sacreBLEU, beam 4; docs/translation.md has the rest), 2-core CPU at
 about 1.0-1.1 steps/s (2,000 steps: ~33 min):
   attention    36.4 after 2100 steps (--config.train.num_steps=2100), 33.0 after 1000
   noattention  21.2 after 1000 steps (--config.train.num_steps=1000)

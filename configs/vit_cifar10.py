@@ -6,7 +6,7 @@ Variants (pick one after the colon):
         batch 128, 5000 steps (14 epochs), random crop + flip, label smoothing 0.1: ~0.55M parameters.
         python -m lm.main --config=configs/vit_cifar10.py:cpu --workdir=runs/vit_cpu
         Measured on a 2-core CPU: 71.8% test accuracy after 27.1 minutes of training (val passed 70% at
-        21.9 minutes; ~410 images/s), on the JPEG-decoded copy (README: the time-to-accuracy table).
+        21.9 minutes; ~410 images/s), on the JPEG-decoded copy (docs/vit.md: the time-to-accuracy table).
   full  7 layers, 12 heads, 384 wide (MLP 384), [CLS] token, learned positions, batch 128, 200 epochs
         (70,300 steps), RandAugment (2 ops, magnitude 9), mixup 0.2 / CutMix 1.0, label smoothing 0.1:
         ~6.3M parameters, the shape of the best-known small ViT trained from scratch (91.0%, 200 epochs).

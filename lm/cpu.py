@@ -3,7 +3,7 @@
 Every call of a compiled step takes a scratch buffer of tens of MiB. With glibc's default
 thresholds that memory is mapped from the OS and handed back on every call, so each step pays
 page faults (a third of a baby run was spent in the kernel). `keep_freed_memory` raises the
-thresholds so that freed memory is reused instead: 22k -> 35k tokens/s on baby (README results).
+thresholds so that freed memory is reused instead: 22k -> 35k tokens/s on baby (docs/performance.md).
 """
 
 import ctypes

@@ -18,7 +18,7 @@ from lm.layers.transformer import COMPUTE_DTYPES, TransformerConfig
 
 # The options that are not ablation switches, so the README's switch table leaves them out: the model
 # size, which each config variant sets, and how the model is computed, not what it computes (the
-# README's table of performance switches).
+# table of performance switches in docs/performance.md).
 NOT_ABLATIONS = {
     "num_layers": "model size",
     "num_heads": "model size",
