@@ -11,6 +11,7 @@ import sys
 
 import jax
 import pytest
+from absl import flags
 from conftest import REPO
 
 from lm import sample as sample_cli
@@ -51,10 +52,11 @@ def train_in_process(capsys, workdir, *overrides, num_devices=1) -> subprocess.C
     return exit_code_and_output(capsys, lambda: run_user_errors(lambda: train(config, str(workdir), devices)))
 
 
-def sample_in_process(capsys, *args) -> subprocess.CompletedProcess:
-    """`python -m lm.sample args` in this process (as app.run would: parse the flags, then main)."""
-    sample_cli.flags.FLAGS.unparse_flags()  # no flag value left over from an earlier call
-    return exit_code_and_output(capsys, lambda: sample_cli.main(parse_flags(["lm.sample", *args])))
+def main_in_process(capsys, module, *args, parse_flags=parse_flags) -> subprocess.CompletedProcess:
+    """`python -m <module> args` in this process, as app.run runs it: the flags parsed from their defaults
+    by parse_flags (the module's own parser), then module.main."""
+    flags.FLAGS.unparse_flags()  # no flag value left over from an earlier call
+    return exit_code_and_output(capsys, lambda: module.main(parse_flags([module.__name__, *args])))
 
 
 def assert_user_error(result, *fragments):
@@ -144,12 +146,12 @@ def test_sampling_from_a_checkpoint(trained_run, capsys):
     text = result.stdout.rstrip("\n")
     assert text.startswith("ROMEO:") and len(text) >= len("ROMEO:") + 30  # a trailing newline may be sampled
     greedy = ["lm.sample", f"--workdir={workdir}", "--prompt=A", "--max_new_tokens=30", "--temperature=0"]
-    in_a_process, in_this_one = run(*greedy), sample_in_process(capsys, *greedy[1:])
+    in_a_process, in_this_one = run(*greedy), main_in_process(capsys, sample_cli, *greedy[1:])
     assert in_a_process.stdout == in_this_one.stdout and in_a_process.returncode == in_this_one.returncode == 0
 
 
 def test_sampling_from_an_empty_workdir(tmp_path, capsys):
-    assert_user_error(sample_in_process(capsys, f"--workdir={tmp_path}"), "config.json")
+    assert_user_error(main_in_process(capsys, sample_cli, f"--workdir={tmp_path}"), "config.json")
 
 
 def test_sigterm_saves_a_checkpoint_and_the_rerun_resumes(tmp_path, data_dir):

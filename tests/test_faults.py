@@ -11,8 +11,9 @@ import jax
 import numpy as np
 import pytest
 from conftest import REPO
-from test_cli import CONFIG, assert_user_error, sample_in_process, snapshot, train_in_process
+from test_cli import CONFIG, assert_user_error, main_in_process, snapshot, train_in_process
 
+from lm import sample as sample_cli
 from lm.train.loop import load_experiment, restore_params, train
 
 
@@ -32,7 +33,8 @@ def test_damaged_checkpoint_names_its_step_and_falls_back_only_when_asked(run_co
     result = train_in_process(capsys, workdir, "--config.train.num_steps=50")
     assert_user_error(result, "checkpoint at step 40", "cannot be read", "restore_fallback=True")
     assert snapshot(workdir) == before
-    assert_user_error(sample_in_process(capsys, f"--workdir={workdir}"), "checkpoint at step 40", "cannot be read")
+    sampled = main_in_process(capsys, sample_cli, f"--workdir={workdir}")
+    assert_user_error(sampled, "checkpoint at step 40", "cannot be read")
 
     config.train.update(num_steps=45, restore_fallback=True)
     summary = train(config, str(workdir), devices=jax.devices()[:1])

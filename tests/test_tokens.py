@@ -5,8 +5,9 @@ import math
 
 import numpy as np
 import pytest
-from test_cli import assert_user_error, sample_in_process
+from test_cli import assert_user_error, main_in_process
 
+from lm import sample as sample_cli
 from lm.data import text, tokens
 from lm.errors import UserError
 
@@ -154,4 +155,5 @@ def test_training_on_token_ids_and_sampling_refused(tmp_path, test_config, monke
     assert (dataset == "token_file") == ("val_cross_entropy_ctx16" in results)
     if dataset == "synthetic":
         return  # the CLI check below is the same for both
-    assert_user_error(sample_in_process(capsys, f"--workdir={workdir}"), "trained on token ids", "no tokenizer")
+    sampled = main_in_process(capsys, sample_cli, f"--workdir={workdir}")
+    assert_user_error(sampled, "trained on token ids", "no tokenizer")
