@@ -1,14 +1,26 @@
-"""The command line: bad input gets one line on stderr, exit code 2, and an untouched workdir."""
+"""The command line: bad input gets one line on stderr, exit code 2, and an untouched workdir.
+
+The config checks run in this process, on lm.main's path after flag parsing (train_in_process); a few
+tests run the real commands in subprocesses, for what only a process shows: flag parsing and app.run's
+wiring, exit codes of signals, a fresh process's devices and compilation cache."""
 
 import os
 import signal
 import subprocess
 import sys
 
+import jax
 import pytest
+from absl import flags
 from conftest import REPO
 
-CONFIG = "--config=configs/gpt_shakespeare.py:test"
+from lm import sample as sample_cli
+from lm.cli import parse_flags, run_user_errors
+from lm.overrides import resolve_config
+from lm.train.loop import train
+
+SPEC = "configs/gpt_shakespeare.py:test"
+CONFIG = f"--config={SPEC}"
 
 
 def run(module, *args, env=None):
@@ -18,6 +30,33 @@ def run(module, *args, env=None):
     return subprocess.run(
         [sys.executable, "-m", module, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
     )
+
+
+def exit_code_and_output(capsys, fn) -> subprocess.CompletedProcess:
+    """fn() in this process as a command's main: its exit code (0, or SystemExit's), stdout and stderr."""
+    try:
+        fn()
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(fn, code, out, err)
+
+
+def train_in_process(capsys, workdir, *overrides, num_devices=1) -> subprocess.CompletedProcess:
+    """`python -m lm.main --config=SPEC --workdir=workdir overrides` after its flags are parsed, in this
+    process on num_devices devices (one, as a user's CPU has): the config resolved from the
+    --config.key=value overrides as lm.main resolves them, then train with lm.main's error handling."""
+    config = resolve_config(SPEC, dict(o.removeprefix("--config.").split("=", 1) for o in overrides))
+    devices = jax.devices()[:num_devices]
+    return exit_code_and_output(capsys, lambda: run_user_errors(lambda: train(config, str(workdir), devices)))
+
+
+def main_in_process(capsys, module, *args, parse_flags=parse_flags) -> subprocess.CompletedProcess:
+    """`python -m <module> args` in this process, as app.run runs it: the flags parsed from their defaults
+    by parse_flags (the module's own parser), then module.main."""
+    flags.FLAGS.unparse_flags()  # no flag value left over from an earlier call
+    return exit_code_and_output(capsys, lambda: module.main(parse_flags([module.__name__, *args])))
 
 
 def assert_user_error(result, *fragments):
@@ -38,6 +77,18 @@ def snapshot(folder):
         ("--config.model.num_layerz=3", ["num_layerz", "num_layers"]),
         ("--config.model.num_layers=abc", ["num_layers", "abc"]),
         ("--config.optimizer.learning_rate=fast", ["learning_rate"]),
+    ],
+)
+def test_bad_override_is_one_line_and_writes_nothing(tmp_path, override, fragments):
+    """The command line's own parsing of --config.key=value (a subprocess: app.run's flag parser)."""
+    workdir = tmp_path / "run"
+    assert_user_error(run("lm.main", CONFIG, f"--workdir={workdir}", override), *fragments)
+    assert not workdir.exists() or not any(workdir.iterdir())
+
+
+@pytest.mark.parametrize(
+    "override, fragments",
+    [
         ("--config.model.norm_position=middle", ["norm_position", "middle"]),
         ("--config.train.batch_size=7 --config.train.grad_accum_steps=2", ["grad_accum_steps"]),
         ("--config.model.num_heads=3", ["embed_dim=32 is not divisible by model.num_heads=3"]),
@@ -46,9 +97,9 @@ def snapshot(folder):
         ("--config.train.on_nonfinite=ignore", ["on_nonfinite", "'stop' or 'skip'"]),
     ],
 )
-def test_bad_config_is_one_line_and_writes_nothing(tmp_path, data_dir, override, fragments):
+def test_bad_config_is_one_line_and_writes_nothing(tmp_path, data_dir, capsys, override, fragments):
     workdir = tmp_path / "run"
-    assert_user_error(run("lm.main", CONFIG, f"--workdir={workdir}", *override.split()), *fragments)
+    assert_user_error(train_in_process(capsys, workdir, *override.split()), *fragments)
     assert not workdir.exists() or not any(workdir.iterdir())
 
 
@@ -57,52 +108,50 @@ def test_unknown_variant(tmp_path):
     assert_user_error(result, "huge")
 
 
-def test_batch_that_the_data_axes_do_not_divide(tmp_path, data_dir):
-    result = run(
-        "lm.main", CONFIG, f"--workdir={tmp_path}", "--config.train.batch_size=6",
-        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"},
-    )
+def test_batch_that_the_data_axes_do_not_divide(tmp_path, data_dir, capsys):
+    result = train_in_process(capsys, tmp_path, "--config.train.batch_size=6", num_devices=4)
     assert_user_error(result, "batch", "4 batch shards")
 
 
-def test_missing_data_names_the_path(tmp_path):
+def test_missing_data_names_the_path(tmp_path, capsys, monkeypatch):
+    from lm.data import files
+
     empty = tmp_path / "nodata"
     empty.mkdir()
-    result = run(
-        "lm.main", CONFIG, f"--workdir={tmp_path / 'run'}",
-        env={"LM_DATA_DIR": str(empty), "LM_CACHE_DIR": str(empty / "cache"), "LM_OFFLINE": "1"},
-    )
+    monkeypatch.setenv("LM_DATA_DIR", str(empty))
+    monkeypatch.setattr(files, "CACHE_DIR", empty / "cache")
+    result = train_in_process(capsys, tmp_path / "run")
     assert_user_error(result, str(empty / "tinyshakespeare" / "input.txt"), "LM_DATA_DIR")
 
 
-def test_unwritable_workdir(tmp_path, data_dir):
+def test_unwritable_workdir(tmp_path, data_dir, capsys):
     blocker = tmp_path / "a_file"
     blocker.write_text("")
-    assert_user_error(run("lm.main", CONFIG, f"--workdir={blocker / 'run'}"), "not writable", str(blocker))
+    assert_user_error(train_in_process(capsys, blocker / "run"), "not writable", str(blocker))
 
 
-def test_checkpoint_of_another_model_shape_is_refused_untouched(trained_run):
+def test_checkpoint_of_another_model_shape_is_refused_untouched(trained_run, capsys):
     _, workdir, _ = trained_run
     before = snapshot(workdir)
-    result = run("lm.main", CONFIG, f"--workdir={workdir}", "--config.model.embed_dim=64")
+    result = train_in_process(capsys, workdir, "--config.model.embed_dim=64")
     assert_user_error(result, "does not fit this model", "new --workdir")
     assert snapshot(workdir) == before
 
 
-def test_sampling_from_a_checkpoint(trained_run):
+def test_sampling_from_a_checkpoint(trained_run, capsys):
     _, workdir, _ = trained_run
     relative = os.path.relpath(workdir, REPO)  # as a user types it (run() starts in the repository)
     result = run("lm.sample", f"--workdir={relative}", "--prompt=ROMEO:", "--max_new_tokens=40", "--top_k=5")
     assert result.returncode == 0, result.stderr[-2000:]
     text = result.stdout.rstrip("\n")
     assert text.startswith("ROMEO:") and len(text) >= len("ROMEO:") + 30  # a trailing newline may be sampled
-    greedy = [run("lm.sample", f"--workdir={workdir}", "--prompt=A", "--max_new_tokens=30", "--temperature=0")
-              for _ in range(2)]
-    assert greedy[0].stdout == greedy[1].stdout and greedy[0].returncode == 0
+    greedy = ["lm.sample", f"--workdir={workdir}", "--prompt=A", "--max_new_tokens=30", "--temperature=0"]
+    in_a_process, in_this_one = run(*greedy), main_in_process(capsys, sample_cli, *greedy[1:])
+    assert in_a_process.stdout == in_this_one.stdout and in_a_process.returncode == in_this_one.returncode == 0
 
 
-def test_sampling_from_an_empty_workdir(tmp_path):
-    assert_user_error(run("lm.sample", f"--workdir={tmp_path}"), "config.json")
+def test_sampling_from_an_empty_workdir(tmp_path, capsys):
+    assert_user_error(main_in_process(capsys, sample_cli, f"--workdir={tmp_path}"), "config.json")
 
 
 def test_sigterm_saves_a_checkpoint_and_the_rerun_resumes(tmp_path, data_dir):

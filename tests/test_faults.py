@@ -11,8 +11,9 @@ import jax
 import numpy as np
 import pytest
 from conftest import REPO
-from test_cli import CONFIG, assert_user_error, run, snapshot
+from test_cli import CONFIG, assert_user_error, main_in_process, snapshot, train_in_process
 
+from lm import sample as sample_cli
 from lm.train.loop import load_experiment, restore_params, train
 
 
@@ -25,14 +26,15 @@ def run_copy(trained_run, tmp_path):
     return config, workdir, copy
 
 
-def test_damaged_checkpoint_names_its_step_and_falls_back_only_when_asked(run_copy):
+def test_damaged_checkpoint_names_its_step_and_falls_back_only_when_asked(run_copy, capsys):
     config, original, workdir = run_copy
     (workdir / "checkpoints" / "40" / "state" / "_METADATA").write_text("garbage")
     before = snapshot(workdir)
-    result = run("lm.main", CONFIG, f"--workdir={workdir}", "--config.train.num_steps=50")
+    result = train_in_process(capsys, workdir, "--config.train.num_steps=50")
     assert_user_error(result, "checkpoint at step 40", "cannot be read", "restore_fallback=True")
     assert snapshot(workdir) == before
-    assert_user_error(run("lm.sample", f"--workdir={workdir}"), "checkpoint at step 40", "cannot be read")
+    sampled = main_in_process(capsys, sample_cli, f"--workdir={workdir}")
+    assert_user_error(sampled, "checkpoint at step 40", "cannot be read")
 
     config.train.update(num_steps=45, restore_fallback=True)
     summary = train(config, str(workdir), devices=jax.devices()[:1])
@@ -45,7 +47,7 @@ def test_damaged_checkpoint_names_its_step_and_falls_back_only_when_asked(run_co
     )
 
 
-def test_full_disk_during_a_save_keeps_the_previous_checkpoint(run_copy):
+def test_full_disk_during_a_save_keeps_the_previous_checkpoint(run_copy, capsys):
     """`ulimit -f`: no file may grow past 50 KiB, so the checkpoint write fails with 'File too large'
     as on a full disk (SIGXFSZ, which would kill the process, is ignored)."""
     config, _, workdir = run_copy
@@ -61,17 +63,18 @@ def test_full_disk_during_a_save_keeps_the_previous_checkpoint(run_copy):
     assert sorted(p.name for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()) == ["30", "40"]
     params = restore_params(config, load_experiment(config), workdir)  # the latest readable one: step 40
     assert all(np.isfinite(np.asarray(p)).all() for p in jax.tree.leaves(params))
-    resumed = run("lm.main", CONFIG, f"--workdir={workdir}", "--config.train.num_steps=42")
+    resumed = train_in_process(capsys, workdir, "--config.train.num_steps=42")
     assert resumed.returncode == 0 and "resumed from step 40" in resumed.stdout
 
 
 @pytest.mark.parametrize("content, fragment", [(b"", "is empty"), (b"\xff\xfe\x00bad", "is not UTF-8 text")])
-def test_empty_or_undecodable_data(tmp_path, content, fragment):
+def test_empty_or_undecodable_data(tmp_path, capsys, monkeypatch, content, fragment):
     data = tmp_path / "data"
     (data / "tinyshakespeare").mkdir(parents=True)
     (data / "tinyshakespeare" / "input.txt").write_bytes(content)
     workdir = tmp_path / "run"
-    result = run("lm.main", CONFIG, f"--workdir={workdir}", env={"LM_DATA_DIR": str(data)})
+    monkeypatch.setenv("LM_DATA_DIR", str(data))
+    result = train_in_process(capsys, workdir)
     assert_user_error(result, str(data / "tinyshakespeare" / "input.txt"), fragment)
     assert not workdir.exists() or not any(workdir.iterdir())
 

@@ -9,8 +9,10 @@ import sys
 
 import numpy as np
 import pytest
+from test_cli import exit_code_and_output, main_in_process
 
 from lm import compare, sweep
+from lm.cli import run_user_errors
 from lm.errors import UserError
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -20,6 +22,13 @@ TEST_CONFIG = "configs/gpt_shakespeare.py:test"
 def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", *args], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=300)
+
+
+def sweep_in_process(capsys, monkeypatch, *args: str) -> subprocess.CompletedProcess:
+    """`python -m lm.sweep args` in this process. Its flag parser collects the --config.key=value
+    overrides in a module dict: a fresh one for each call, as each process has."""
+    monkeypatch.setattr(sweep, "_OVERRIDES", {})
+    return main_in_process(capsys, sweep, *args, parse_flags=sweep.parse_sweep_flags)
 
 
 # --- lm.sweep ---------------------------------------------------------------------------------------------
@@ -85,8 +94,8 @@ def test_bad_sweeps_fail_before_any_arm_runs(tmp_path, axes, overrides, message)
     (["--sweep=seed=0,1", "--config.train.num_steps=many"], "--config.train.num_steps=many"),
     (["--sweep=seed="], "needs one or more non-empty values"),
 ])
-def test_sweep_cli_errors_are_one_line_and_write_nothing(tmp_path, args, message):
-    result = run_cli("lm.sweep", f"--config={TEST_CONFIG}", f"--workdir={tmp_path / 'sweep'}", *args)
+def test_sweep_cli_errors_are_one_line_and_write_nothing(tmp_path, capsys, monkeypatch, args, message):
+    result = sweep_in_process(capsys, monkeypatch, f"--config={TEST_CONFIG}", f"--workdir={tmp_path / 'sweep'}", *args)
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: ") and message in result.stderr
     assert not (tmp_path / "sweep").exists()
@@ -244,15 +253,17 @@ def test_report_and_plots_are_written(synthetic_runs, tmp_path):
         assert imread(out / name).shape[:2] == (500, 800)
 
 
-@pytest.mark.parametrize("args, message", [
-    ([], "no runs under"),
-    (["--group_by=model.nope"], "no run's config has model.nope"),
+@pytest.mark.parametrize("group_by, message", [
+    (None, "no runs under"),
+    (["model.nope"], "no run's config has model.nope"),
 ])
-def test_compare_cli_errors(synthetic_runs, tmp_path, args, message):
-    root = tmp_path / "empty" if not args else synthetic_runs
+def test_compare_errors_are_one_line(synthetic_runs, tmp_path, capsys, group_by, message):
+    """What lm.compare's main runs (compare, with one-line errors), in this process; the command line's
+    flag parsing is test_report_and_plots_are_written's."""
+    root = tmp_path / "empty" if not group_by else synthetic_runs
     root.mkdir(exist_ok=True)
     before = sorted(root.rglob("*"))
-    result = run_cli("lm.compare", str(root), *args)
+    result = exit_code_and_output(capsys, lambda: run_user_errors(lambda: compare.compare([str(root)], None, group_by)))
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and message in result.stderr
     assert sorted(root.rglob("*")) == before
 
@@ -260,14 +271,14 @@ def test_compare_cli_errors(synthetic_runs, tmp_path, args, message):
 # --- end to end -------------------------------------------------------------------------------------------
 
 
-def test_a_2x2_sweep_of_the_test_config_then_compare(tmp_path, data_dir):
+def test_a_2x2_sweep_of_the_test_config_then_compare(tmp_path, data_dir, capsys):
     """Four real lm.main runs, two at a time (one device each, for speed), a rerun that resumes the one
     arm whose results.json was deleted and skips the rest, then lm.compare on the sweep folder."""
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
     workdir = tmp_path / "sweep"
     args = ["lm.sweep", f"--config={TEST_CONFIG}", "--sweep=model.norm=layer,rms", "--sweep=seed=0,1",
             f"--workdir={workdir}", "--parallel=2", "--config.train.num_steps=4", "--config.train.log_every=2",
-            "--config.eval.every=2", "--config.eval.num_batches=1"]
+            "--config.eval.every=2", "--config.eval.num_batches=1", "--config.sample.max_new_tokens=0"]
     result = run_cli(*args, env=env)
     assert result.returncode == 0, result.stderr + result.stdout
     names = ["model.norm=layer,seed=0", "model.norm=layer,seed=1", "model.norm=rms,seed=0", "model.norm=rms,seed=1"]
@@ -288,7 +299,7 @@ def test_a_2x2_sweep_of_the_test_config_then_compare(tmp_path, data_dir):
         assert len(commands) == (2 if name == names[1] else 1)
     assert json.loads((workdir / names[1] / "results.json").read_text())["step"] == 4
 
-    result = run_cli("lm.compare", str(workdir))
-    assert result.returncode == 0, result.stderr
-    assert "| model.norm=layer | 2 |" in result.stdout and "| model.norm=rms | 2 |" in result.stdout
+    compare.compare(str(workdir))  # what lm.compare's main runs: prints the table, writes the report
+    table = capsys.readouterr().out
+    assert "| model.norm=layer | 2 |" in table and "| model.norm=rms | 2 |" in table
     assert {"report.md", "train_loss.png", "val_loss.png"} <= {p.name for p in workdir.iterdir()}

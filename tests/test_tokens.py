@@ -2,14 +2,12 @@
 
 import json
 import math
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from conftest import REPO
+from test_cli import assert_user_error, main_in_process
 
+from lm import sample as sample_cli
 from lm.data import text, tokens
 from lm.errors import UserError
 
@@ -137,7 +135,7 @@ def test_build_checks_the_data_options(tmp_path, test_config, monkeypatch):
 
 
 @pytest.mark.parametrize("dataset", ["token_file", "synthetic"])
-def test_training_on_token_ids_and_sampling_refused(tmp_path, test_config, monkeypatch, dataset):
+def test_training_on_token_ids_and_sampling_refused(tmp_path, test_config, monkeypatch, capsys, dataset):
     import jax
 
     from lm.train.loop import train
@@ -157,9 +155,5 @@ def test_training_on_token_ids_and_sampling_refused(tmp_path, test_config, monke
     assert (dataset == "token_file") == ("val_cross_entropy_ctx16" in results)
     if dataset == "synthetic":
         return  # the CLI check below is the same for both
-    env = {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}, "JAX_PLATFORMS": "cpu"}
-    result = subprocess.run([sys.executable, "-m", "lm.sample", f"--workdir={workdir}"], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=300)
-    lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2 and len(lines) == 1, result.stderr[-2000:]
-    assert lines[0].startswith("error: ") and "trained on token ids" in lines[0] and "no tokenizer" in lines[0]
+    sampled = main_in_process(capsys, sample_cli, f"--workdir={workdir}")
+    assert_user_error(sampled, "trained on token ids", "no tokenizer")
