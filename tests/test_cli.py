@@ -14,8 +14,8 @@ import pytest
 from absl import flags
 from conftest import REPO
 
-from lm import sample as sample_cli
 from lm.cli import parse_flags, run_user_errors
+from lm.cli import sample as sample_cli
 from lm.overrides import resolve_config
 from lm.train.loop import train
 
@@ -200,7 +200,7 @@ def test_dry_run_memory_shrinks_when_the_state_is_sharded(data_dir, test_config)
     """The compiled step's per-device arguments: the replicated state (params + two Adam moments) on a
     data-parallel mesh; an eighth of it when FSDP shards it 8 ways. FLOPs: the 8 devices' programs add
     up to about the model estimate."""
-    from lm.train.loop import dry_run
+    from lm.train.dry_run import dry_run
 
     replicated = dry_run(test_config)  # mesh data = all 8 devices
     test_config.mesh.update(data=1, fsdp=8)

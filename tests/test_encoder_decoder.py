@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from lm.layers.transformer import MoeConfig, TransformerConfig
-from lm.models.transformer import EncoderDecoder, EncoderDecoderConfig
+from lm.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 
 BLOCKS = TransformerConfig(num_layers=2, embed_dim=16, num_heads=4, num_kv_heads=2)
 CONFIG = EncoderDecoderConfig(source_vocab_size=13, target_vocab_size=11, max_length=16, transformer=BLOCKS)

@@ -13,8 +13,9 @@ import pytest
 from conftest import REPO
 from test_cli import CONFIG, assert_user_error, main_in_process, snapshot, train_in_process
 
-from lm import sample as sample_cli
-from lm.train.loop import load_experiment, restore_params, train
+from lm.cli import sample as sample_cli
+from lm.train.loop import train
+from lm.train.setup import load_experiment, restore_params
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lm.generate import empty_cache, generate
+from lm.decode.generate import empty_cache, generate
 from lm.layers.transformer import MoeConfig, TransformerConfig
 from lm.models.gpt import GPT, GPTConfig
 

@@ -31,7 +31,8 @@ def losses(workdir: pathlib.Path) -> dict[int, float]:
 
 
 def test_two_processes_match_one_and_restore_on_other_meshes(tmp_path, data_dir, test_config):
-    from lm.train.loop import load_experiment, restore_params, train
+    from lm.train.loop import train
+    from lm.train.setup import load_experiment, restore_params
 
     test_config.train.update(num_steps=12, log_every=1, checkpoint_every=6)
     overrides = ["--config.train.log_every=1", "--config.train.checkpoint_every=6", "--config.sample.max_new_tokens=5"]

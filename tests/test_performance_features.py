@@ -238,7 +238,8 @@ def test_gpt2_test_config_trains_in_bf16_and_keeps_float32_master_weights(tmp_pa
 
     from configs.gpt2 import get_config
     from experiments.language_model import build
-    from lm.train.loop import restore_params, train
+    from lm.train.loop import train
+    from lm.train.setup import restore_params
 
     config = get_config("test")
     config.train.update(num_steps=4, checkpoint_every=4)

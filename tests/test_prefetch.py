@@ -79,7 +79,7 @@ def test_close_while_the_thread_waits_on_a_full_queue():
 
 
 def test_a_negative_prefetch_is_a_user_error(test_config):
-    from lm.train.loop import build
+    from lm.train.setup import build
 
     test_config.train.prefetch = -1
     with pytest.raises(UserError, match=r"train.prefetch=-1"):
@@ -91,7 +91,7 @@ def test_compilation_cache_dir_takes_over_from_the_cache_in_use(tmp_path):
     directory all the same. An unwritable one is a UserError."""
     from jax.experimental.compilation_cache import compilation_cache
 
-    from lm.train.loop import use_compilation_cache
+    from lm.train.setup import use_compilation_cache
 
     blocker = tmp_path / "a_file"
     blocker.write_text("")

@@ -9,10 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from lm.decode.search import beam_search, gnmt_penalty, greedy_search, rnn_step_fn, tile_beams, transformer_step_fn
 from lm.layers.transformer import TransformerConfig
+from lm.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 from lm.models.seq2seq import Seq2Seq, Seq2SeqConfig
-from lm.models.transformer import EncoderDecoder, EncoderDecoderConfig
-from lm.search import beam_search, gnmt_penalty, greedy_search, rnn_step_fn, tile_beams, transformer_step_fn
 
 BOS, EOS = 2, 3
 

@@ -6,8 +6,8 @@ from jax.sharding import PartitionSpec as P
 
 from lm import sharding
 from lm.errors import UserError
-from lm.train.loop import abstract_state, load_experiment, state_builder
 from lm.train.optim import make_optimizer
+from lm.train.setup import abstract_state, load_experiment, state_builder
 
 
 def test_mesh_shape_resolves_minus_one():

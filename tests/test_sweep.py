@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 from test_cli import exit_code_and_output, main_in_process
 
-from lm import compare, sweep
-from lm.cli import run_user_errors
+from lm.cli import compare, run_user_errors, sweep
 from lm.errors import UserError
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from test_cli import assert_user_error, main_in_process
 
-from lm import sample as sample_cli
+from lm.cli import sample as sample_cli
 from lm.data import text, tokens
 from lm.errors import UserError
 

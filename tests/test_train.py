@@ -6,7 +6,9 @@ import jax
 import numpy as np
 import pytest
 
-from lm.train.loop import CompiledPerShape, restore_params, train
+from lm.train.compiled import CompiledPerShape
+from lm.train.loop import train
+from lm.train.setup import restore_params
 
 
 def logged(workdir, key="loss"):
@@ -58,7 +60,7 @@ def test_resume_is_exact(tmp_path, data_dir, test_config):
 
 
 def _experiment(config):
-    from lm.train.loop import load_experiment
+    from lm.train.setup import load_experiment
 
     return load_experiment(config)
 
@@ -195,6 +197,7 @@ def test_ctrl_c_finishes_the_step_saves_and_the_rerun_resumes_exactly(tmp_path, 
     test_config.train.update(num_steps=100_000, log_every=1, checkpoint_every=100_000)
     test_config.eval.every = 100_000
     workdir = tmp_path / "run"
+    handler_before = signal.getsignal(signal.SIGINT)  # pytest's, or SIG_IGN in a background job
 
     def interrupt_after_step_5():
         while not (workdir / "metrics.jsonl").is_file() or len(logged(workdir)) < 5:
@@ -206,7 +209,7 @@ def test_ctrl_c_finishes_the_step_saves_and_the_rerun_resumes_exactly(tmp_path, 
         train(test_config, str(workdir), devices=jax.devices()[:1])
     saved = stopped.value.step
     assert saved >= 5 and [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()] == [saved]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # pytest's Ctrl-C works again
+    assert signal.getsignal(signal.SIGINT) is handler_before  # pytest's Ctrl-C works again
 
     test_config.train.num_steps = saved + 3
     train(test_config, str(workdir), devices=jax.devices()[:1])

@@ -14,8 +14,8 @@ from conftest import REPO
 
 from experiments.translation import Translation
 from lm import plots
-from lm import translate as translate_cli
 from lm.cli import parse_flags
+from lm.cli import translate as translate_cli
 from lm.data import translation
 from lm.errors import UserError
 from lm.runs import load_run
