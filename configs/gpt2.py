@@ -15,7 +15,7 @@ multiple of 128, so the embedding and the logits split evenly and map onto whole
   350m  24 layers, 16 heads, 1024 wide: 350M parameters; lr 3e-4, scanned layers, remat of everything
         but the weight matmuls (dots_no_batch) and a chunked loss to fit larger micro-batches.
   774m  36 layers, 20 heads, 1280 wide: 774M parameters; lr 2.5e-4, the same memory savings.
-  test  2 layers, 4 heads, 64 wide, context 64, a tiny vocabulary, synthetic ids: for tests and a
+  test  2 layers (scanned), 4 heads, 64 wide, context 64, a tiny vocabulary, synthetic ids: for tests and a
         CPU smoke run.
         python -m lm.main --config=configs/gpt2.py:test --workdir=/tmp/gpt2_test
 
@@ -93,7 +93,7 @@ def get_config(variant: str = "124m") -> ml_collections.ConfigDict:
             config.optimizer.min_learning_rate = config.optimizer.learning_rate / 10
     elif variant == "test":
         config.data.update(dataset="synthetic", vocab_size=500, context_length=64)
-        config.model.update(num_layers=2, num_heads=4, num_kv_heads=4, embed_dim=64, loss_chunk=16)
+        config.model.update(num_layers=2, num_heads=4, num_kv_heads=4, embed_dim=64, loss_chunk=16, scan_layers=True)
         config.train.update(batch_size=8, grad_accum_steps=1, num_steps=20, log_every=5, checkpoint_every=10)
         config.optimizer.update(warmup_steps=2, decay_steps=20)
         config.eval.update(every=10, batch_size=8, num_batches=2)

@@ -32,7 +32,7 @@ def compile_in_parallel(jobs: list[tuple[CompiledPerShape, Any, Any]]) -> None:
     lowered one after another, then compiled all at once in threads (XLA compiles them in parallel,
     on as many cores as there are jobs). batch may hold jax.ShapeDtypeStructs. The wall time is
     added to the first job's step."""
-    todo: dict[tuple, tuple[CompiledPerShape, Any]] = {}
+    todo: dict[tuple, tuple[CompiledPerShape, Any, Any]] = {}  # (step id, shapes) -> (step, lowered, batch)
     for step, state, batch in jobs:
         if step.key(batch) not in step.compiled and (id(step), step.key(batch)) not in todo:
             todo[(id(step), step.key(batch))] = (step, step.jitted_step.lower(state, batch), batch)
