@@ -134,7 +134,7 @@ def test_a_second_identical_run_compiles_faster(tmp_path, data_dir):
     for run in ("first", "second"):
         result = subprocess.run(
             [sys.executable, "-m", "lm.main", "--config=configs/gpt_shakespeare.py:test", f"--workdir={tmp_path / run}",
-             "--config.train.num_steps=2", "--config.sample.max_new_tokens=0", "--config.model.num_layers=4"],
+             "--config.train.num_steps=2", "--config.sample.max_new_tokens=0"],
             cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
         )
         assert result.returncode == 0, result.stderr[-2000:]

@@ -64,19 +64,19 @@ def test_the_cycle_finder_finds_one():
 
 @pytest.fixture(scope="module")
 def translation_run(tmp_path_factory, data_dir):
-    """The translation test config for 10 steps with the val BLEU evaluator every 5."""
+    """The translation test config for 10 steps: the eval loss every 5, the val BLEU evaluator every 10."""
     from configs.translate_transformer import get_config
 
     config = get_config("test")
     config.train.update(num_steps=10, checkpoint_every=10)
-    config.eval.update(bleu_every=5, beam_sizes=())
+    config.eval.update(every=5, bleu_every=10, beam_sizes=())
     workdir = tmp_path_factory.mktemp("translation")
     summary = train(config, str(workdir), devices=jax.devices()[:1])
     return config, workdir, summary
 
 
 def test_an_experiment_evaluator_runs_at_its_steps_and_scores_the_params(translation_run):
-    """val_bleu at steps 0, 5 and 10 beside eval_loss at 0 and 10; the last equals the BLEU of the
+    """val_bleu at steps 0 and 10 beside eval_loss at 0, 5 and 10; the last equals the BLEU of the
     saved params' greedy translations of the val split, recomputed here."""
     from experiments.translation import from_workdir
     from lm.data import translation
@@ -84,8 +84,8 @@ def test_an_experiment_evaluator_runs_at_its_steps_and_scores_the_params(transla
 
     config, workdir, summary = translation_run
     records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records if "val_bleu" in r] == [0, 5, 10]
-    assert [r["step"] for r in records if "eval_loss" in r] == [0, 10]
+    assert [r["step"] for r in records if "val_bleu" in r] == [0, 10]
+    assert [r["step"] for r in records if "eval_loss" in r] == [0, 5, 10]
     experiment = from_workdir(config, workdir)
     sources, references = translation.load_pairs("val", "de", "en")
     bleu = corpus_bleu(experiment.translate(restore_params(config, experiment, workdir), sources, 1), references)
