@@ -20,6 +20,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from lm.layers.embedding import TokenEmbedding
 from lm.layers.linear import Linear
 from lm.layers.partitioning import constrain
 
@@ -54,7 +55,7 @@ class LMHead(nn.Module):
 
     vocab_size: int
     padded_vocab_size: int
-    embedding: nn.Embed | None = None
+    embedding: TokenEmbedding | None = None
     dtype: Any = jnp.float32
     kernel_init: Callable = nn.initializers.normal(0.02)
 

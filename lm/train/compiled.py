@@ -22,9 +22,10 @@ class CompiledPerShape:
         return tuple(x.shape for x in jax.tree.leaves(batch))
 
     def __call__(self, state, batch):
-        if self.key(batch) not in self.compiled:
+        key = self.key(batch)  # (once per call: this is the loop's hot path)
+        if key not in self.compiled:
             compile_in_parallel([(self, state, batch)])
-        return self.compiled[self.key(batch)](state, batch)
+        return self.compiled[key](state, batch)
 
 
 def compile_in_parallel(jobs: list[tuple[CompiledPerShape, Any, Any]]) -> None:
