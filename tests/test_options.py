@@ -44,7 +44,8 @@ def test_the_section_holds_every_field_at_its_default():
 def test_the_generated_defaults_are_the_ones_configs_always_had():
     assert transformer_options().to_dict() == {
         "num_layers": 4, "num_heads": 4, "num_kv_heads": 4, "embed_dim": 128, "mlp": "gelu", "mlp_ratio": 4.0,
-        "mlp_multiple": 8, "norm": "layer", "norm_position": "pre", "position": "learned", "rope_base": 10000.0,
+        "mlp_multiple": 8, "mlp_hidden_dim": 0, "norm": "layer", "norm_position": "pre",
+        "norm_epsilon": 1e-5, "position": "learned", "rope_base": 10000.0,
         "dropout": 0.0, "attention_dropout": 0.0, "use_bias": True, "init": "gpt2", "compute_dtype": "float32",
         "attention_impl": "auto", "scan_layers": False, "remat": "none",
         "moe": {"num_experts": 0, "every": 2, "top_k": 2, "capacity_factor": 1.25, "load_balance_weight": 0.01,

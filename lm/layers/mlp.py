@@ -1,4 +1,8 @@
-"""Position-wise feed-forward blocks: classic (GELU or ReLU) and SwiGLU."""
+"""Position-wise feed-forward blocks: classic (GELU or ReLU) and SwiGLU.
+
+  gelu        GELU with the tanh approximation (GPT-2, Hugging Face "gelu_new")
+  gelu_exact  GELU with the exact erf (BERT, ViT; Hugging Face "gelu")
+"""
 
 from collections.abc import Callable
 from typing import Any
@@ -10,14 +14,21 @@ import jax.numpy as jnp
 from lm.layers.linear import Linear
 from lm.layers.partitioning import constrain
 
-MLP_KINDS = ("gelu", "relu", "swiglu")
-ACTIVATIONS = {"gelu": lambda h: nn.gelu(h, approximate=True), "relu": nn.relu}
+MLP_KINDS = ("gelu", "gelu_exact", "relu", "swiglu")
+ACTIVATIONS = {
+    "gelu": lambda h: nn.gelu(h, approximate=True),
+    "gelu_exact": lambda h: nn.gelu(h, approximate=False),
+    "relu": nn.relu,
+}
 
 
-def mlp_hidden_dim(kind: str, embed_dim: int, mlp_ratio: float, multiple: int) -> int:
-    """The hidden width: mlp_ratio * D for the classic MLP; for SwiGLU, which has three matrices
-    instead of two, 2/3 of that (8D/3 at ratio 4) rounded to the nearest multiple, so both have
-    about the same parameter count (within 1% when the multiple is small next to the width)."""
+def mlp_hidden_dim(kind: str, embed_dim: int, mlp_ratio: float, multiple: int, explicit: int = 0) -> int:
+    """The hidden width: explicit when given (> 0, e.g. a pretrained model's intermediate size); else
+    mlp_ratio * D for the classic MLP; for SwiGLU, which has three matrices instead of two, 2/3 of
+    that (8D/3 at ratio 4) rounded to the nearest multiple, so both have about the same parameter
+    count (within 1% when the multiple is small next to the width)."""
+    if explicit > 0:
+        return explicit
     classic = round(mlp_ratio * embed_dim)
     if kind != "swiglu":
         return classic

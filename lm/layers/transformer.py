@@ -78,9 +78,12 @@ class TransformerConfig:
     mlp: str = option("gelu", "the MLP kind (lm/layers/mlp.py)", choices=MLP_KINDS)
     mlp_ratio: float = option(4.0, "classic MLP hidden width = mlp_ratio * embed_dim; SwiGLU 2/3 of it")
     mlp_multiple: int = option(8, "SwiGLU hidden width rounded to a multiple of this")
+    mlp_hidden_dim_override: int = option(0, "the MLP hidden width itself (0: from mlp_ratio and mlp_multiple), "
+                                             "e.g. a pretrained model's intermediate size", key="mlp_hidden_dim")
     norm: str = option("layer", "LayerNorm or RMSNorm (lm/layers/norms.py)", choices=NORM_KINDS)
     norm_position: str = option("pre", "pre-norm x + f(norm(x)), or post-norm norm(x + f(x))",
                                 choices=NORM_POSITIONS)
+    norm_epsilon: float = option(1e-5, "the eps added to the variance (LayerNorm) or mean square (RMSNorm)")
     position: str = option("learned", "position scheme (lm/layers/positions.py)", choices=POSITION_KINDS)
     rope_base: float = option(10000.0, "RoPE frequency base")
     dropout: float = option(0.0, "dropout on embeddings and sub-layer outputs")
@@ -105,6 +108,9 @@ class TransformerConfig:
             raise UserError(
                 f"model.num_heads={self.num_heads} is not a multiple of model.num_kv_heads={self.num_kv_heads}"
             )
+        if self.mlp_hidden_dim_override < 0 or self.norm_epsilon <= 0:
+            raise UserError(f"model.mlp_hidden_dim={self.mlp_hidden_dim_override} must be >= 0 and "
+                            f"model.norm_epsilon={self.norm_epsilon} > 0")
         if self.position == "rope" and self.head_dim % 2:
             raise UserError(f"RoPE needs an even head dimension; embed_dim / num_heads = {self.head_dim}")
         if self.position == "sinusoidal" and self.embed_dim % 2:
@@ -137,7 +143,7 @@ class TransformerConfig:
 
     @property
     def mlp_hidden_dim(self) -> int:
-        return mlp_hidden_dim(self.mlp, self.embed_dim, self.mlp_ratio, self.mlp_multiple)
+        return mlp_hidden_dim(self.mlp, self.embed_dim, self.mlp_ratio, self.mlp_multiple, self.mlp_hidden_dim_override)
 
     def is_moe_block(self, index: int) -> bool:
         return self.moe.num_experts > 0 and (index + 1) % self.moe.every == 0
@@ -211,8 +217,8 @@ class TransformerBlock(nn.Module):
         else:
             mlp = Mlp(name="mlp", **mlp_args)
         dropout = nn.Dropout(cfg.dropout, deterministic=not train)
-        norm_attention = Norm(cfg.norm, dtype=cfg.dtype, name="norm_attention")
-        norm_mlp = Norm(cfg.norm, dtype=cfg.dtype, name="norm_mlp")
+        norm_attention = Norm(cfg.norm, dtype=cfg.dtype, epsilon=cfg.norm_epsilon, name="norm_attention")
+        norm_mlp = Norm(cfg.norm, dtype=cfg.dtype, epsilon=cfg.norm_epsilon, name="norm_mlp")
 
         def attend(h):
             return attention(h, mask=mask, positions=positions, cache_index=cache_index, train=train,
@@ -225,7 +231,8 @@ class TransformerBlock(nn.Module):
             def attend_memory(h):
                 return cross(h, memory, mask=memory_mask, train=train, capture_weights=capture_weights)
 
-            sublayers.append((attend_memory, Norm(cfg.norm, dtype=cfg.dtype, name="norm_cross_attention")))
+            norm_cross = Norm(cfg.norm, dtype=cfg.dtype, epsilon=cfg.norm_epsilon, name="norm_cross_attention")
+            sublayers.append((attend_memory, norm_cross))
         sublayers.append((mlp, norm_mlp))
 
         for sublayer, norm in sublayers:
@@ -310,7 +317,7 @@ class TransformerStack(nn.Module):
                 x = block(cfg, self.causal, cfg.is_moe_block(i), self.cross_attention, train, capture_weights,
                           name=f"block_{i}")(x, *arrays)
         if cfg.norm_position == "pre":
-            x = Norm(cfg.norm, dtype=cfg.dtype, name="norm_final")(x)
+            x = Norm(cfg.norm, dtype=cfg.dtype, epsilon=cfg.norm_epsilon, name="norm_final")(x)
         return x
 
 
