@@ -12,7 +12,7 @@ import sys
 import jax
 import pytest
 from absl import flags
-from conftest import REPO
+from conftest import REPO, subprocess_env
 
 from lm.cli import parse_flags, run_user_errors
 from lm.cli import sample as sample_cli
@@ -25,8 +25,7 @@ CONFIG = f"--config={SPEC}"
 
 def run(module, *args, env=None):
     """module's command line in a subprocess; env adds variables to this one's (None: leaves it out)."""
-    base = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as a user has
-    env = {k: v for k, v in {**base, "JAX_PLATFORMS": "cpu", **(env or {})}.items() if v is not None}
+    env = subprocess_env(**{"JAX_PLATFORMS": "cpu", **(env or {})})
     return subprocess.run(
         [sys.executable, "-m", module, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
     )
@@ -158,8 +157,8 @@ def test_sigterm_saves_a_checkpoint_and_the_rerun_resumes(tmp_path, data_dir):
     workdir = tmp_path / "run"
     args = [sys.executable, "-m", "lm.main", CONFIG, f"--workdir={workdir}", "--config.train.num_steps=100000",
             "--config.train.log_every=1", "--config.eval.every=100000", "--config.train.checkpoint_every=100000"]
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    process = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(args, cwd=REPO, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
     for line in process.stdout:
         if line.startswith("step     20 | loss"):
             process.send_signal(signal.SIGTERM)
@@ -183,7 +182,7 @@ def test_dry_run_compiles_for_the_mesh_and_writes_nothing(tmp_path, data_dir):
     workdir, cache = tmp_path / "never", tmp_path / "cache"
     result = run("lm.main", CONFIG, f"--workdir={workdir}", "--dry_run", "--config.mesh.data=2",
                  "--config.mesh.fsdp=4", f"--config.train.compilation_cache_dir={cache}",
-                 env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_COMPILATION_CACHE_DIR": None,
+                 env={"XLA_FLAGS": subprocess_env(devices=8)["XLA_FLAGS"], "JAX_COMPILATION_CACHE_DIR": None,
                       "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"})
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.splitlines()

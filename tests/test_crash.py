@@ -2,15 +2,14 @@
 at random moments while it trains and saves a checkpoint every 2 steps, resume each time; every
 finished checkpoint restores, and the losses and final parameters equal an uninterrupted run's."""
 
-import os
 import subprocess
 import sys
 
-from conftest import REPO
+from conftest import REPO, subprocess_env
 
 
 def test_sigkill_at_random_moments_loses_nothing(tmp_path, data_dir):
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as a user has
+    env = subprocess_env()  # one CPU device, as a user has
     result = subprocess.run(
         [sys.executable, "benchmarks/crash_resume.py", "--kills=2", "--steps=40", "--checkpoint_every=2",
          "--window=0.4", "--seed=1", f"--workdir={tmp_path}"],

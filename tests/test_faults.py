@@ -2,7 +2,6 @@
 during a save, empty or undecodable data. Each gives one line on stderr, exit code 2, and loses
 nothing."""
 
-import os
 import shutil
 import subprocess
 import sys
@@ -10,7 +9,7 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import REPO, subprocess_env
 from test_cli import CONFIG, assert_user_error, main_in_process, snapshot, train_in_process
 
 from lm.cli import sample as sample_cli
@@ -52,7 +51,7 @@ def test_full_disk_during_a_save_keeps_the_previous_checkpoint(run_copy, capsys)
     """`ulimit -f`: no file may grow past 50 KiB, so the checkpoint write fails with 'File too large'
     as on a full disk (SIGXFSZ, which would kill the process, is ignored)."""
     config, _, workdir = run_copy
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_COMPILATION_CACHE_DIR")}
+    env = subprocess_env(JAX_COMPILATION_CACHE_DIR=None)
     command = f"ulimit -f 50; trap '' XFSZ; exec {sys.executable} -m lm.main {CONFIG} --workdir={workdir} " \
               "--config.train.num_steps=50"
     result = subprocess.run(["bash", "-c", command], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
+from conftest import REPO, subprocess_env
 from test_cli import CONFIG, assert_user_error, run
 
 from lm.errors import UserError
@@ -50,8 +50,8 @@ def training_process(workdir) -> subprocess.Popen:
     """lm.main on the test config for (practically) ever, one CPU device, a log line per step."""
     args = [sys.executable, "-m", "lm.main", CONFIG, f"--workdir={workdir}", "--config.train.num_steps=100000",
             "--config.train.log_every=1", "--config.eval.every=100000", "--config.train.checkpoint_every=100000"]
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    return subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(args, cwd=REPO, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
 
 
 def test_a_second_run_on_the_workdir_stops_at_once_and_the_first_goes_on(tmp_path, data_dir):

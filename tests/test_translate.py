@@ -1,6 +1,5 @@
 """lm.translate: translations and attention heat maps from a run folder alone, and its one-line errors."""
 
-import os
 import shutil
 import subprocess
 import sys
@@ -10,7 +9,7 @@ import jax
 import matplotlib.image
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import REPO, subprocess_env
 
 from experiments.translation import Translation
 from lm import plots
@@ -201,9 +200,9 @@ def test_workdir_without_a_checkpoint(rnn_run, tmp_path, capsys):
 
 
 def test_workdir_without_a_run_as_a_command(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "LM_DATA_DIR")}
     result = subprocess.run([sys.executable, "-m", "lm.translate", f"--workdir={tmp_path}", SENTENCE], cwd=REPO,
-                            env={**env, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True, timeout=120)
+                            env=subprocess_env(LM_DATA_DIR=None, JAX_PLATFORMS="cpu"), capture_output=True, text=True,
+                            timeout=120)
     assert result.returncode == 2, result.stderr[-2000:]
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "config.json" in lines[0], result.stderr[-2000:]
