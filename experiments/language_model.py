@@ -178,6 +178,13 @@ def no_tokenizer(config: ml_collections.ConfigDict) -> str:
             "to decode text: sampling needs a run trained on text (data.dataset='tinyshakespeare')")
 
 
+def vocab_size(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> int:
+    """The vocabulary of the run in workdir: data.vocab_size for token ids, else its saved tokenizer's."""
+    if config.data.dataset in TOKEN_SOURCES:
+        return config.data.vocab_size
+    return text.CharTokenizer.load(workdir / TOKENIZER_FILE).vocab_size
+
+
 def from_workdir(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> LanguageModel:
     """The experiment for sampling: tokenizer from the workdir, no corpus needed. A run trained on
     token ids has no tokenizer: a UserError."""
