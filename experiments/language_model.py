@@ -112,12 +112,12 @@ class LanguageModel:
             self.tokenizer.save(workdir / TOKENIZER_FILE)
 
     def sample(self, params, prompt: str, max_new_tokens: int, temperature: float, top_k: int,
-               seed: int = 0) -> str:
+               seed: int = 0, top_p: float = 1.0) -> str:
         if self.tokenizer is None:
             raise UserError(no_tokenizer(self.config))
         prompt_ids = self.tokenizer.encode(prompt)[None]  # (1, P)
         ids = generate(
-            self.model, params, prompt_ids, max_new_tokens, jax.random.key(seed), temperature, top_k
+            self.model, params, prompt_ids, max_new_tokens, jax.random.key(seed), temperature, top_k, top_p
         )
         return self.tokenizer.decode(ids[0])
 
