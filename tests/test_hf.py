@@ -97,7 +97,7 @@ def loaded():
 
 
 @pytest.mark.parametrize("name, scan_layers", [
-    ("gpt2", False), ("gpt2", True), ("llama", False), ("llama", True), ("llama_bf16_sharded", True),
+    ("gpt2", False), ("llama", False), ("llama", True), ("llama_bf16_sharded", True),
     ("vit", False), ("vit_model", True),
 ])
 def test_outputs_match_transformers(loaded, name, scan_layers, capsys):
@@ -124,15 +124,14 @@ def test_greedy_generation_matches_transformers(loaded, name):
 def test_top_p_keeps_the_smallest_set_of_most_likely_tokens_that_reaches_p():
     """Against numpy: tokens sorted by probability are kept while the mass ranked above them is < p."""
     logits = np.array([[2.0, 1.0, 0.5, 0.0, -1.0], [0.1, 3.0, -0.2, 1.0, 0.4]], np.float32)  # no ties
-    for top_p in (0.3, 0.6, 0.8, 0.95, 1.0):
-        probs = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    probs = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    for top_p in (0.6, 0.95, 1.0):
+        draws = jax.vmap(lambda key, p=top_p: sample_logits(jnp.asarray(logits), key, 1.0, 0, p))(
+            jax.random.split(jax.random.key(0), 500))  # (500, 2)
         for row in range(2):
             order = np.argsort(-probs[row])
             above = np.cumsum(probs[row][order]) - probs[row][order]
-            kept = set(order[above < top_p])
-            draws = jax.vmap(lambda k, r=row, p=top_p: sample_logits(logits[r:r + 1], k, 1.0, 0, p))(
-                jax.random.split(jax.random.key(0), 400))
-            assert set(np.asarray(draws).ravel().tolist()) == kept, (top_p, row)
+            assert set(np.asarray(draws[:, row]).tolist()) == set(order[above < top_p].tolist()), (top_p, row)
 
 
 def flat_params(params: dict) -> dict:
@@ -232,7 +231,7 @@ def test_a_run_starts_from_a_hf_folder_and_the_export_cli_writes_it_back(tmp_pat
     config.data.context_length = 32  # all of the position table: the export gives back every row
     config.model.update(scan_layers=False, loss_chunk=0)  # (quicker to compile)
     config.optimizer.update(learning_rate=0.0, min_learning_rate=0.0)
-    config.train.update(num_steps=2, log_every=1, checkpoint_every=2)
+    config.train.update(num_steps=2, log_every=1, checkpoint_every=2, peak_flops=1e12)  # (no matmul to time)
     config.eval.update(every=2, num_batches=1)
     train(config, str(tmp_path / "run"), devices=jax.devices()[:1])
     out = capsys.readouterr().out
