@@ -6,6 +6,7 @@ matches transformers' token for token; what lm cannot represent is one line."""
 import json
 import pathlib
 import shutil
+import types
 
 import flax.linen as nn
 import jax
@@ -24,15 +25,24 @@ from lm.errors import UserError
 from lm.hf.export import export
 from lm.hf.files import Folder
 from lm.hf.source import HFSource, following
+from lm.models.bert import BertForPretraining, bert_config
 from lm.train import init_from
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
 TOLERANCE = 1e-4
 
 
+EXPERIMENTS = {"GPT2": "language_model", "Llam": "language_model", "ViTF": "image_classification",
+               "ViTM": "image_classification", "Bert": "masked_lm"}  # by the architecture's first 4 letters
+
+
 def base_config(experiment: str) -> ml_collections.ConfigDict:
     """The test config of the experiment, fp32, that a fixture's fields are set into."""
-    if experiment == "language_model":
+    if experiment == "masked_lm":
+        from configs.bert import get_config
+
+        config = get_config("tiny")
+    elif experiment == "language_model":
         from configs.gpt2 import get_config
 
         config = get_config("test")
@@ -53,11 +63,20 @@ def architecture(folder: pathlib.Path) -> str:
 def load(folder: pathlib.Path, scan_layers: bool = False):
     """(config, experiment, params, plan): the fixture loaded by init_from=hf:folder into a model of the
     test config whose fields follow its config.json, on one device."""
-    experiment_name = "image_classification" if architecture(folder).startswith("ViT") else "language_model"
+    experiment_name = EXPERIMENTS[architecture(folder)[:4]]
     config = following(str(folder), base_config(experiment_name))
     config.model.scan_layers = scan_layers
     config.init_from = f"hf:{folder}"
-    experiment = LanguageModel(config, None) if experiment_name == "language_model" else ImageClassification(config)
+    if experiment_name == "masked_lm":  # (MaskedLM wants a tokenizer: the model alone is enough here)
+        model = BertForPretraining(bert_config(config.model, json.loads((folder / "config.json").read_text())[
+            "vocab_size"]))
+        tokens = jnp.zeros((1, 8), jnp.int32)
+        experiment = types.SimpleNamespace(model=model, init=lambda rng: model.init(rng, tokens, tokens, tokens == 0,
+                                                                                   tokens[:, :2]))
+    elif experiment_name == "language_model":
+        experiment = LanguageModel(config, None)
+    else:
+        experiment = ImageClassification(config)
     abstract = nn.unbox(jax.eval_shape(experiment.init, jax.random.key(0))["params"])
     fresh = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), abstract)  # (what is not loaded stays zero)
     mesh = Mesh(np.array(jax.devices()[:1]), ("devices",))
@@ -70,6 +89,13 @@ def lm_outputs(experiment, params, arrays: dict, architecture: str) -> np.ndarra
     """lm's counterpart of the fixture's `expected`: logits, or ViTModel's last hidden state (the
     encoder's output, after its final norm)."""
     variables = {"params": params}
+    if "segments" in arrays:  # BERT: masked-LM logits at every position, or BertModel's pooled output
+        ids, segments, mask = (jnp.asarray(arrays[k], jnp.int32) for k in ("ids", "segments", "mask"))
+        everywhere = jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)
+        if architecture == "BertModel":
+            return np.asarray(jax.jit(lambda v: experiment.model.apply(v, ids, segments, mask.astype(bool),
+                                                                       method=lambda m, *a: m.bert(*a)[1]))(variables))
+        return np.asarray(jax.jit(experiment.model.apply)(variables, ids, segments, mask.astype(bool), everywhere)[0])
     if "ids" in arrays:
         return np.asarray(jax.jit(experiment.model.apply)(variables, jnp.asarray(arrays["ids"], jnp.int32)))
     images = jnp.asarray(arrays["pixel_values"].transpose(0, 2, 3, 1))  # (B, C, H, W) -> (B, H, W, C)
@@ -98,7 +124,7 @@ def loaded():
 
 @pytest.mark.parametrize("name, scan_layers", [
     ("gpt2", False), ("llama", False), ("llama", True), ("llama_bf16_sharded", True),
-    ("vit", False), ("vit_model", True),
+    ("vit", False), ("vit_model", True), ("bert", False), ("bert_model", True),
 ])
 def test_outputs_match_transformers(loaded, name, scan_layers, capsys):
     """GPT-2 (an MLP of 48, a vocabulary of 131), Llama (4 heads on 2 key/value heads, an untied head, 150
@@ -107,7 +133,10 @@ def test_outputs_match_transformers(loaded, name, scan_layers, capsys):
     arrays = dict(np.load(FIXTURES / name / "expected.npz"))
     np.testing.assert_allclose(lm_outputs(experiment, params, arrays, architecture(FIXTURES / name)),
                                arrays["expected"], atol=TOLERANCE, rtol=0)
-    initialised = ["head/bias", "head/kernel"] if name == "vit_model" else []  # ViTModel has no classifier
+    initialised = {"vit_model": ["head/bias", "head/kernel"],  # ViTModel has no classifier,
+                   "bert": ["bert/pooler/bias", "bert/pooler/kernel", "nsp_head/bias", "nsp_head/kernel"],
+                   "bert_model": [name for name in plan.initialised if name.split("/")[0] in ("mlm_head", "nsp_head")],
+                   }.get(name, [])  # BertForMaskedLM no pooler, neither has the next-sentence head
     assert plan.initialised == initialised and plan.dropped == []
 
 
