@@ -112,12 +112,12 @@ class LanguageModel:
             self.tokenizer.save(workdir / TOKENIZER_FILE)
 
     def sample(self, params, prompt: str, max_new_tokens: int, temperature: float, top_k: int,
-               seed: int = 0) -> str:
+               seed: int = 0, top_p: float = 1.0) -> str:
         if self.tokenizer is None:
             raise UserError(no_tokenizer(self.config))
         prompt_ids = self.tokenizer.encode(prompt)[None]  # (1, P)
         ids = generate(
-            self.model, params, prompt_ids, max_new_tokens, jax.random.key(seed), temperature, top_k
+            self.model, params, prompt_ids, max_new_tokens, jax.random.key(seed), temperature, top_k, top_p
         )
         return self.tokenizer.decode(ids[0])
 
@@ -176,6 +176,13 @@ def build(config: ml_collections.ConfigDict) -> LanguageModel:
 def no_tokenizer(config: ml_collections.ConfigDict) -> str:
     return (f"this run was trained on token ids (data.dataset={config.data.dataset!r}) and has no tokenizer "
             "to decode text: sampling needs a run trained on text (data.dataset='tinyshakespeare')")
+
+
+def vocab_size(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> int:
+    """The vocabulary of the run in workdir: data.vocab_size for token ids, else its saved tokenizer's."""
+    if config.data.dataset in TOKEN_SOURCES:
+        return config.data.vocab_size
+    return text.CharTokenizer.load(workdir / TOKENIZER_FILE).vocab_size
 
 
 def from_workdir(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> LanguageModel:

@@ -175,7 +175,8 @@ def test_a_head_of_another_shape_or_a_missing_source_stops_before_anything_is_wr
         train(test_config, str(workdir), devices=jax.devices()[:1])
     # With the source's embedding left out there is no error: this model's stays fresh.
     abstract = jax.eval_shape(lambda: {"token_embed": {"embedding": jnp.zeros((256, 32))}})
-    assert init_from.prepare(str(source), "token_embed:", abstract, None).initialised == ["token_embed/embedding"]
+    plan = init_from.prepare(str(source), "token_embed:", abstract, None, test_config)
+    assert plan.initialised == ["token_embed/embedding"]
     test_config.init_from = str(tmp_path / "nowhere")
     with pytest.raises(UserError, match=f"init_from={tmp_path}/nowhere: no such file or directory"):
         train(test_config, str(workdir), devices=jax.devices()[:1])
@@ -183,9 +184,9 @@ def test_a_head_of_another_shape_or_a_missing_source_stops_before_anything_is_wr
     assert sorted(p.relative_to(workdir).as_posix() for p in workdir.rglob("*")) == ["checkpoints"]
 
 
-def test_a_checkpoint_or_step_folder_is_a_source_too(trained_run):
+def test_a_checkpoint_or_step_folder_is_a_source_too(trained_run, test_config):
     _, source, _ = trained_run
     abstract = jax.eval_shape(lambda: {"token_embed": {"embedding": jnp.zeros((128, 32))}})
     for location, step in [(source / "checkpoints", 40), (source / "checkpoints" / "30", 30)]:
-        plan = init_from.prepare(str(location), "", abstract, None)
+        plan = init_from.prepare(str(location), "", abstract, None, test_config)
         assert plan.source.description == f"{source / 'checkpoints'} step {step}" and len(plan.dropped) == 35

@@ -15,14 +15,22 @@ import numpy as np
 from lm.models.gpt import GPT
 
 
-def sample_logits(logits: jax.Array, rng: jax.Array, temperature: float, top_k: int) -> jax.Array:
-    """logits (B, V) -> token ids (B,): greedy at temperature 0, else top-k then softmax sampling."""
+def sample_logits(logits: jax.Array, rng: jax.Array, temperature: float, top_k: int, top_p: float = 1.0) -> jax.Array:
+    """logits (B, V) -> token ids (B,): greedy at temperature 0, else softmax sampling at the temperature
+    from the top_k most likely tokens (0: all), then from the smallest set of the most likely of those
+    whose probabilities add up to top_p or more (nucleus sampling; 1: all), as transformers' warpers do."""
     if temperature == 0:
         return jnp.argmax(logits, axis=-1)
     logits = logits / temperature
     if 0 < top_k < logits.shape[-1]:
         kth_largest = jax.lax.top_k(logits, top_k)[0][:, -1:]
         logits = jnp.where(logits < kth_largest, -jnp.inf, logits)
+    if top_p < 1:
+        descending = jnp.sort(logits, axis=-1)[:, ::-1]  # (B, V)
+        probs = jax.nn.softmax(descending, axis=-1)
+        before = jnp.cumsum(probs, axis=-1) - probs  # the probability of the tokens ranked above each
+        smallest_kept = jnp.min(jnp.where(before < top_p, descending, jnp.inf), axis=-1, keepdims=True)
+        logits = jnp.where(logits < smallest_kept, -jnp.inf, logits)
     return jax.random.categorical(rng, logits, axis=-1)
 
 
@@ -33,8 +41,8 @@ def empty_cache(model: GPT, batch_size: int):
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
 
-@functools.partial(jax.jit, static_argnames=("model", "temperature", "top_k"))
-def decode_segment(model: GPT, params, buffer, start, stop, known, rng, temperature, top_k):
+@functools.partial(jax.jit, static_argnames=("model", "temperature", "top_k", "top_p"))
+def decode_segment(model: GPT, params, buffer, start, stop, known, rng, temperature, top_k, top_p):
     """Feeds buffer[:, start:stop] one token at a time into a fresh cache; the token after each
     fed position i is kept from the buffer if i + 1 < known, else sampled. buffer: (B, L) int32."""
     cache = empty_cache(model, buffer.shape[0])
@@ -45,7 +53,7 @@ def decode_segment(model: GPT, params, buffer, start, stop, known, rng, temperat
         logits, variables = model.apply(
             {"params": params, "cache": cache}, token, decode=True, mutable=["cache"]
         )
-        sampled = sample_logits(logits[:, -1], jax.random.fold_in(rng, i), temperature, top_k)
+        sampled = sample_logits(logits[:, -1], jax.random.fold_in(rng, i), temperature, top_k, top_p)
         given = jax.lax.dynamic_index_in_dim(buffer, i + 1, axis=1, keepdims=False)
         following = jnp.where(i + 1 < known, given, sampled).astype(buffer.dtype)
         buffer = jax.lax.dynamic_update_index_in_dim(buffer, following, i + 1, axis=1)
@@ -63,6 +71,7 @@ def generate(
     rng: jax.Array,
     temperature: float = 1.0,
     top_k: int = 0,
+    top_p: float = 1.0,
 ) -> np.ndarray:
     """prompt (B, P) int32, P >= 1 -> (B, P + max_new_tokens) int32."""
     batch, prompt_length = prompt.shape
@@ -77,7 +86,7 @@ def generate(
         stop = min(start + context, total - 1)
         buffer = decode_segment(
             model, params, buffer, start, stop, known, jax.random.fold_in(rng, start),
-            temperature, top_k,
+            temperature, top_k, top_p,
         )
         known = stop + 1
         start = known - max(1, context // 2)  # re-feed the last half context, then go on

@@ -1,7 +1,7 @@
 """A new run's parameters from another run's (init_from): fine-tuning, continued pretraining.
 
-A source of parameters (a ParamSource: today an lm run's Orbax checkpoint, CheckpointSource; a
-Hugging Face checkpoint can be another) gives a nested dict of arrays. They go into this run's
+A source of parameters (a ParamSource: an lm run's Orbax checkpoint, CheckpointSource, or with
+init_from=hf:DIR a Hugging Face model folder, lm/hf/source.py) gives a nested dict of arrays. They go into this run's
 freshly initialised parameters by name:
   1. init_from_rename renames the source's subtrees: 'source/prefix:this/prefix,...' (the
      longest matching prefix wins; an empty right side leaves the subtree out);
@@ -95,8 +95,16 @@ class CheckpointSource:
             return manager.restore(self.step, args=ocp.args.Composite(state=restore))["state"]["params"]
 
 
-def open_source(location: str) -> ParamSource:
-    """The ParamSource that init_from names (the place where other kinds of source plug in)."""
+HF_PREFIX = "hf:"  # init_from=hf:DIR: a local Hugging Face model folder
+
+
+def open_source(location: str, config: ml_collections.ConfigDict) -> ParamSource:
+    """The ParamSource that init_from names: hf:DIR, a Hugging Face folder checked against this run's
+    config (lm/hf/source.py); anything else, an lm run's checkpoint."""
+    if location.startswith(HF_PREFIX):
+        from lm.hf.source import HFSource
+
+        return HFSource(location.removeprefix(HF_PREFIX), config)
     return CheckpointSource(location)
 
 
@@ -229,9 +237,10 @@ class InitFrom:
             print(f"  {label:<11} {len(names):>4} arrays, {count:>11,} parameters{': ' + groups if groups else ''}")
 
 
-def prepare(location: str, rename: str, abstract_params: dict, resumed_step: int | None) -> InitFrom | None:
+def prepare(location: str, rename: str, abstract_params: dict, resumed_step: int | None,
+            config: ml_collections.ConfigDict) -> InitFrom | None:
     """The checked InitFrom for init_from=location (with init_from_rename=rename) into
-    a model of abstract_params; None without init_from, or when the run resumes from its own
+    a model of abstract_params, this run's config's; None without init_from, or when the run resumes from its own
     checkpoint at resumed_step (then init_from is ignored, which it says)."""
     if not location:
         return None
@@ -239,7 +248,7 @@ def prepare(location: str, rename: str, abstract_params: dict, resumed_step: int
         print(f"init_from ignored: resuming from this run's own checkpoint at step {resumed_step}")
         return None
     renames = parse_renames(rename)
-    return plan(open_source(location), renames, abstract_params)
+    return plan(open_source(location, config), renames, abstract_params)
 
 
 def plan(source: ParamSource, renames: Renames, abstract_params: dict) -> InitFrom:

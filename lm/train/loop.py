@@ -158,7 +158,7 @@ def _train_locked(setup: Setup, workdir: pathlib.Path) -> dict[str, float]:
     try:
         restored = checkpointer.restore_latest(state_shapes, tcfg.restore_fallback)
         initial_params = init_from.prepare(config.init_from, config.init_from_rename, state_shapes.params,
-                                           resumed_step=restored[0] if restored else None)
+                                           resumed_step=restored[0] if restored else None, config=config)
     except BaseException:
         checkpointer.close()  # (its background clean-up must end before the process does)
         raise

@@ -1,0 +1,110 @@
+"""init_from=hf:DIR: a local Hugging Face model folder as a ParamSource (lm/train/init_from.py).
+
+The folder's architecture (config.json's `architectures`) picks the module in lm/hf; the run's config
+must agree with every field that module's lm_fields reads off config.json (else one UserError listing
+the differences and the flags that fix them); the tensors are mapped by its rules into lm's names,
+in the unrolled layer layout (init_from converts to a scanned stack), bf16 or fp32 as stored (init_from
+casts to the run's parameter dtype).
+"""
+
+from types import ModuleType
+
+import jax
+import ml_collections
+from flax import traverse_util
+
+from lm.errors import UserError
+from lm.hf import ARCHITECTURES
+from lm.hf.files import Folder
+from lm.hf.mapping import Fields, Rule, apply, differences, overrides
+
+
+def read_folder(directory: str, location: str) -> tuple[Folder, str, ModuleType, Fields]:
+    """(the folder, its architecture, the lm/hf module for it, the lm fields its config.json implies);
+    an architecture lm does not read, or a config.json field it cannot represent, is a UserError."""
+    folder = Folder(directory, location)
+    named = folder.config.get("architectures") or []
+    known = [name for name in named if name in ARCHITECTURES]
+    if not known:
+        raise UserError(f"{location}: config.json's architectures are {named}; lm reads {', '.join(ARCHITECTURES)}")
+    module = ARCHITECTURES[known[0]]
+    try:
+        return folder, known[0], module, module.lm_fields(folder.config)
+    except UserError as e:
+        raise UserError(f"{location}: {e}") from None
+
+
+def following(directory: str, config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """A copy of config with every field the folder's config.json implies set to that value (where config
+    has the field): a run config that init_from=hf:directory accepts."""
+    _, _, _, fields = read_folder(directory, f"hf:{directory}")
+    config = config.copy_and_resolve_references()
+    for key, (value, _) in fields.items():
+        *path, name = key.split(".")
+        section = config
+        for part in path:
+            section = section[part]
+        if name in section or key == "model.mlp_hidden_dim":
+            section[name] = value
+    return config
+
+
+def describe(found, architecture: str) -> str:
+    return ", ".join(f"{key}={actual} (config.json {source}={wanted})" if source else
+                     f"{key}={actual} ({architecture}: {wanted})" for key, actual, wanted, source in found)
+
+
+class HFSource:
+    """The parameters of the Hugging Face folder `directory`, for a run of `config` (checked against it)."""
+
+    def __init__(self, directory: str, config: ml_collections.ConfigDict):
+        location = f"init_from=hf:{directory}"
+        self.folder, self.architecture, module, fields = read_folder(directory, location)
+        hf = self.folder.config
+        if config.experiment != module.EXPERIMENT:
+            raise UserError(f"{location} is a {self.architecture}, for an experiment={module.EXPERIMENT} run; "
+                            f"this run's experiment is {config.experiment}")
+        found = differences(fields, config)
+        if found:
+            raise UserError(f"{location}: this run's config differs from config.json: "
+                            f"{describe(found, self.architecture)}; run with {overrides(found)}")
+        try:
+            self.rules: list[Rule] = module.rules(hf, self.architecture, config)
+        except UserError as e:
+            raise UserError(f"{location}: {e}") from None
+        self.file_names = self.names_in_rules(module, location)
+        print(f"{location}: a {self.architecture}; this run's config agrees with its config.json in "
+              + " ".join(f"{key}={value}" for key, (value, _) in fields.items()))
+        self.description = f"hf:{directory} ({self.architecture})"
+
+    def names_in_rules(self, module, location: str) -> dict[str, str]:
+        """{the rules' name: the file's name} for every tensor of the folder: a checkpoint of the bare
+        base model has its names without module.PREFIX. A tensor no rule reads (other than the
+        module's IGNORED buffers), or one a rule needs but the folder lacks, is a UserError."""
+        stored = list(self.folder.files)
+        prefix = "" if any(name.startswith(module.PREFIX) for name in stored) else module.PREFIX
+        names = {prefix + name: name for name in stored}
+        names = {name: file_name for name, file_name in names.items()
+                 if not any(part in name for part in module.IGNORED)}
+        wanted = {name for rule in self.rules for name in rule.hf}
+        for label, extra in (("has tensors lm does not read", sorted(set(names) - wanted)),
+                             ("lacks tensors lm needs", sorted(wanted - set(names)))):
+            if extra:
+                raise UserError(f"{location}: the folder {label} for a {self.architecture} of this config: "
+                                f"{', '.join(extra[:3])}{' ...' if len(extra) > 3 else ''} ({len(extra)} in all)")
+        return names
+
+    def abstract_params(self) -> dict:
+        stored = self.folder.abstract()
+        shapes = {name: stored[file_name] for name, file_name in self.file_names.items()}
+        return traverse_util.unflatten_dict(jax.eval_shape(lambda t: apply(self.rules, t, "to_lm"), shapes), sep="/")
+
+    def load_params(self, shardings: dict) -> dict:
+        """Read, mapped on the host's CPU device (no accelerator holds the whole model), then placed."""
+        stored = self.folder.read(self.file_names.values())
+        arrays = {name: stored[file_name] for name, file_name in self.file_names.items()}
+        with jax.default_device(jax.devices("cpu")[0]):
+            params = apply(self.rules, arrays, "to_lm")
+        placements = traverse_util.flatten_dict(shardings, sep="/")
+        return traverse_util.unflatten_dict({name: jax.device_put(value, placements[name])
+                                             for name, value in params.items()}, sep="/")

@@ -1,0 +1,105 @@
+"""ViT (transformers' ViTForImageClassification, ViTModel) <-> lm's ViT (lm/models/vit.py, experiment
+image_classification) with model.pool=cls and model.position=learned.
+
+The P x P patch convolution (D, C, P, P) is lm's Linear over each flattened (row, col, channel)
+patch, kernel (P*P*C, D). transformers' position table has a row for the [CLS] token too; lm adds
+positions to the patches only, so on import the [CLS] token takes its row (cls + table[0], the same
+sum the model computes) and on export that row is zeros. ViTModel's pooler (a tanh dense on [CLS])
+has no lm counterpart and is not read: the classifier reads the final norm's [CLS] output, as in
+ViTForImageClassification. The model takes images (B, H, W, C), transformers' pixel_values
+(B, C, H, W) transposed.
+"""
+
+import jax.numpy as jnp
+import ml_collections
+
+from lm.data import images
+from lm.hf.mapping import (
+    HF_ACTIVATIONS,
+    Fields,
+    Rule,
+    config_value,
+    copy,
+    dense,
+    mlp_kind,
+    norm,
+    one_to_one,
+    unsupported,
+)
+
+ARCHITECTURES = ("ViTForImageClassification", "ViTModel")
+EXPERIMENT = "image_classification"
+PREFIX = "vit."  # a ViTModel checkpoint has its names without it
+IGNORED = ("vit.pooler.",)
+
+
+def lm_fields(hf: dict) -> Fields:
+    if not hf.get("qkv_bias", True):
+        raise unsupported("qkv_bias", False, "model.use_bias gives the attention and the MLP biases together")
+    return {
+        "model.num_layers": (hf["num_hidden_layers"], "num_hidden_layers"),
+        "model.num_heads": (hf["num_attention_heads"], "num_attention_heads"),
+        "model.num_kv_heads": (hf["num_attention_heads"], "num_attention_heads"),
+        "model.embed_dim": (hf["hidden_size"], "hidden_size"),
+        "model.mlp": (mlp_kind(hf, "hidden_act", "gelu"), "hidden_act"),
+        "model.mlp_hidden_dim": (hf["intermediate_size"], "intermediate_size"),
+        "model.norm": ("layer", ""),
+        "model.norm_position": ("pre", ""),
+        "model.norm_epsilon": (hf.get("layer_norm_eps", 1e-12), "layer_norm_eps"),
+        "model.position": ("learned", ""),
+        "model.pool": ("cls", ""),
+        "model.patch_size": (hf["patch_size"], "patch_size"),
+        "model.use_bias": (True, "qkv_bias"),
+        "model.moe.num_experts": (0, ""),
+    }
+
+
+def hf_config(config: ml_collections.ConfigDict, vocab_size: int | None = None) -> dict:
+    """(vocab_size: unused; the images and classes are the experiment's, CIFAR-10's.)"""
+    from experiments.image_classification import IMAGE_SHAPE
+
+    m = config.model
+    return {
+        "architectures": ["ViTForImageClassification"], "model_type": "vit", "hidden_size": m.embed_dim,
+        "num_hidden_layers": m.num_layers, "num_attention_heads": m.num_heads,
+        "intermediate_size": config_value(config, "model.mlp_hidden_dim"),
+        "hidden_act": HF_ACTIVATIONS.get(m.mlp, "gelu"), "hidden_dropout_prob": m.dropout,
+        "attention_probs_dropout_prob": m.attention_dropout, "layer_norm_eps": m.norm_epsilon,
+        "image_size": IMAGE_SHAPE[0], "patch_size": m.patch_size, "num_channels": IMAGE_SHAPE[2],
+        "qkv_bias": m.use_bias,
+        "id2label": dict(enumerate(images.CLASS_NAMES)),
+        "label2id": {name: i for i, name in enumerate(images.CLASS_NAMES)},
+    }
+
+
+def patch_kernel(hf: str, lm: str, width: int, patch: int, channels: int) -> Rule:
+    """The conv weight (D, C, P, P) <-> lm's kernel (P*P*C, D) over patches flattened (row, col, channel)."""
+    return one_to_one(hf, lm, lambda w: w.transpose(2, 3, 1, 0).reshape(patch * patch * channels, width),
+                      lambda k: k.reshape(patch, patch, channels, width).transpose(3, 2, 0, 1))
+
+
+def rules(hf: dict, architecture: str, config: ml_collections.ConfigDict) -> list[Rule]:
+    width, heads, hidden = hf["hidden_size"], hf["num_attention_heads"], hf["intermediate_size"]
+    head_dim = width // heads
+    cls_and_positions = Rule(
+        ("vit.embeddings.cls_token", "vit.embeddings.position_embeddings"), ("cls", "position_embed"),
+        lambda cls, table: (cls + table[:, :1], table[0, 1:]),  # (1, 1, D), (N, D)
+        lambda cls, table: (cls, jnp.concatenate([jnp.zeros_like(cls), table[None]], axis=1)))
+    found = [cls_and_positions,
+             patch_kernel("vit.embeddings.patch_embeddings.projection.weight", "patch_embed/projection/kernel",
+                          width, hf["patch_size"], hf.get("num_channels", 3)),
+             copy("vit.embeddings.patch_embeddings.projection.bias", "patch_embed/projection/bias")]
+    for i in range(hf["num_hidden_layers"]):
+        hf_block, block = f"vit.encoder.layer.{i}", f"encoder/block_{i}"
+        found += norm(f"{hf_block}.layernorm_before", f"{block}/norm_attention", "layer")
+        for name in ("query", "key", "value"):
+            found += dense(f"{hf_block}.attention.attention.{name}", f"{block}/attention/{name}", (width,),
+                           (heads, head_dim))
+        found += dense(f"{hf_block}.attention.output.dense", f"{block}/attention/out", (heads, head_dim), (width,))
+        found += norm(f"{hf_block}.layernorm_after", f"{block}/norm_mlp", "layer")
+        found += dense(f"{hf_block}.intermediate.dense", f"{block}/mlp/up", (width,), (hidden,))
+        found += dense(f"{hf_block}.output.dense", f"{block}/mlp/down", (hidden,), (width,))
+    found += norm("vit.layernorm", "encoder/norm_final", "layer")
+    if architecture == "ViTForImageClassification":
+        found += dense("classifier", "head", (width,), (len(hf.get("id2label") or {0: 0, 1: 1}),))
+    return found
