@@ -27,8 +27,9 @@ class Sentence:
     tags: tuple[str, ...]
 
 
-def load(split: str) -> list[Sentence]:
-    """The sentences of a split (documents' -DOCSTART- lines left out); a tag outside TAGS is a UserError."""
+def load(split: str, limit: int = 0) -> list[Sentence]:
+    """The sentences of a split (its first `limit`; 0: all; documents' -DOCSTART- lines left out); a tag
+    outside TAGS is a UserError."""
     path, lines = read_lines(FILES[split])
     sentences, words, tags = [], [], []
     for number, line in enumerate([*lines, ""], start=1):
@@ -41,6 +42,8 @@ def load(split: str) -> list[Sentence]:
         elif words:
             sentences.append(Sentence(tuple(words), tuple(tags)))
             words, tags = [], []
+            if len(sentences) == limit:
+                break
     return sentences
 
 

@@ -34,8 +34,8 @@ class Question:
     answer_starts: tuple[int, ...]  # their character offsets in context
 
 
-def load(split: str, max_questions: int = 0) -> list[Question]:
-    """The questions of a split in file order (the first max_questions of them; 0: all); an answer
+def load(split: str, limit: int = 0) -> list[Question]:
+    """The questions of a split in file order (the first `limit`; 0: all); an answer
     that is not the text at its offset in the context is a UserError."""
     path, lines = read_lines(FILES[split])
     questions = []
@@ -53,7 +53,7 @@ def load(split: str, max_questions: int = 0) -> list[Question]:
                     raise UserError(f"{path}: question {qa['id']} has no answer (SQuAD v1.1 questions all have "
                                     "one); remove it")
                 questions.append(Question(qa["id"], qa["question"], context, answers, starts))
-                if len(questions) == max_questions:
+                if len(questions) == limit:
                     return questions
     return questions
 

@@ -25,13 +25,14 @@ def parse_score(text: str, path, number: int) -> float:
     return score
 
 
-def load(split: str) -> tuple[list[str], list[str], np.ndarray]:
-    """(first sentences, second sentences, scores (N,) float32) of a split; a score outside [0, 5] is a
-    UserError."""
+def load(split: str, limit: int = 0) -> tuple[list[str], list[str], np.ndarray]:
+    """(first sentences, second sentences, scores (N,) float32) of a split (its first `limit`; 0: all); a
+    score outside [0, 5] is a UserError."""
     path, lines = read_lines(FILES[split])
     firsts, seconds, scores = [], [], []
     original = split == "test"
-    for number, line in enumerate(lines if original else lines[1:], start=1 if original else 2):
+    header = 0 if original else 1
+    for number, line in enumerate(lines[header : header + limit if limit else None], start=header + 1):
         fields = line.split("\t")
         score, first, second = (fields[4], fields[5], fields[6]) if original else (fields[9], fields[7], fields[8])
         firsts.append(first.strip())
@@ -40,7 +41,7 @@ def load(split: str) -> tuple[list[str], list[str], np.ndarray]:
     return firsts, seconds, np.asarray(scores, np.float32)
 
 
-def encode(tokenizer: WordPieceTokenizer, split: str, length: int) -> Rows:
+def encode(tokenizer: WordPieceTokenizer, split: str, length: int, limit: int = 0) -> Rows:
     """Rows [CLS] first [SEP] second [SEP] with `score` (N,) float32."""
-    firsts, seconds, scores = load(split)
+    firsts, seconds, scores = load(split, limit)
     return {**encode_sentences(tokenizer, firsts, seconds, length), "score": scores}
