@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from experiments.masked_lm import TOKENIZER_DIR  # <workdir>/tokenizer/tokenizer.json, as pretraining saves it
 from lm import sharding, task_metrics
 from lm.data.tasks import common, conll2003, squad, sst2, stsb
 from lm.data.wordpiece import WordPieceTokenizer
@@ -39,7 +40,6 @@ from lm.models.bert import Bert, BertConfig, bert_config, flops_per_sequence
 from lm.train.experiment import Evaluator
 from lm.train.options import optimizer_options, run_options, train_options
 
-TOKENIZER_DIR = "tokenizer"  # <workdir>/tokenizer/tokenizer.json, as the pretraining run saves it too
 DEFAULT_VOCAB = "bert-base-uncased"
 
 
