@@ -31,7 +31,7 @@ import numpy as np
 from experiments.masked_lm import TOKENIZER_DIR  # <workdir>/tokenizer/tokenizer.json, as pretraining saves it
 from lm import sharding, task_metrics
 from lm.data.tasks import common, conll2003, squad, sst2, stsb
-from lm.data.wordpiece import WordPieceTokenizer
+from lm.data.wordpiece import TOKENIZER_FILE, WordPieceTokenizer
 from lm.errors import UserError
 from lm.layers.heads import PooledClassifier, RegressionHead, SpanHead, TokenTagger
 from lm.layers.moe import parameter_counts
@@ -209,21 +209,35 @@ class BertWithHead(nn.Module):
         return self.task.outputs(self.task.head("head"), dropout(hidden), dropout(pooled), batch)
 
 
+def saved_tokenizer(init_from: str) -> WordPieceTokenizer | None:
+    """The tokenizer a pretraining run saved (TOKENIZER_DIR in init_from, or in one of the two folders above
+    it: init_from may name the run's checkpoint folder or one step's folder); None if there is none."""
+    place = pathlib.Path(init_from).expanduser()
+    for folder in (place, *list(place.parents)[:2]):
+        if (folder / TOKENIZER_DIR / TOKENIZER_FILE).is_file():
+            return WordPieceTokenizer.load(folder / TOKENIZER_DIR)
+    return None
+
+
 def find_tokenizer(config: ml_collections.ConfigDict) -> WordPieceTokenizer:
-    """data.vocab if set (a vocab.txt name or path, or a run folder's tokenizer/); else the init_from run's
-    saved tokenizer (its workdir, or the workdir above the checkpoint folder it names); else, from scratch,
-    bert-base-uncased."""
-    vocab = config.data.vocab
-    if not vocab and config.init_from:
-        place = pathlib.Path(config.init_from).expanduser()
-        for folder in (place, *list(place.parents)[:2]):
-            if (folder / TOKENIZER_DIR / "tokenizer.json").is_file():
-                return WordPieceTokenizer.load(folder / TOKENIZER_DIR)
-        raise UserError(f"init_from={config.init_from} has no saved tokenizer ({TOKENIZER_DIR}/tokenizer.json in "
-                        "it or above it): name the pretraining vocabulary with --config.data.vocab")
-    if vocab and (pathlib.Path(vocab).expanduser() / "tokenizer.json").is_file():
-        return WordPieceTokenizer.load(pathlib.Path(vocab).expanduser())
-    return WordPieceTokenizer.from_vocab(vocab or DEFAULT_VOCAB)
+    """data.vocab if set (a vocab.txt name or path, or a folder holding a tokenizer.json), which must be the
+    init_from run's vocabulary when it saved one; else the init_from run's saved tokenizer; else, from
+    scratch, bert-base-uncased."""
+    vocab, init_from = config.data.vocab, config.init_from
+    pretrained = saved_tokenizer(init_from) if init_from else None
+    if not vocab:
+        if pretrained is None and init_from:
+            raise UserError(f"init_from={init_from} has no saved tokenizer ({TOKENIZER_DIR}/{TOKENIZER_FILE} in it "
+                            "or above it): name the pretraining vocabulary with --config.data.vocab")
+        return pretrained or WordPieceTokenizer.from_vocab(DEFAULT_VOCAB)
+    folder = pathlib.Path(vocab).expanduser()
+    tokenizer = (WordPieceTokenizer.load(folder) if (folder / TOKENIZER_FILE).is_file()
+                 else WordPieceTokenizer.from_vocab(vocab))
+    if pretrained is not None and tokenizer.tokenizer.get_vocab() != pretrained.tokenizer.get_vocab():
+        raise UserError(f"data.vocab={vocab!r} ({tokenizer.vocab_size} pieces) is not the vocabulary the init_from "
+                        f"run was pretrained with ({pretrained.source}, {pretrained.vocab_size} pieces): leave "
+                        "data.vocab empty to fine-tune with the pretraining vocabulary")
+    return tokenizer
 
 
 class FineTune:
