@@ -65,11 +65,6 @@ def encode_sentences(tokenizer: WordPieceTokenizer, firsts: Sequence[str], secon
     return pad_rows(pairs, length, tokenizer.pad_id)
 
 
-def subset(rows: Rows, count: int) -> Rows:
-    """The first count rows (all of them for count 0)."""
-    return {name: array[:count] for name, array in rows.items()} if count else rows
-
-
 class BatchRows:
     """Row indices of a global batch (G,) -> this process's rows [start, stop) of them, as a batch."""
 
