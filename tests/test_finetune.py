@@ -124,3 +124,23 @@ def test_tiny_pretrain_then_fine_tune_through_the_trainer(tmp_path, data_dir, ca
     # the fine-tune read the pretraining run's own vocabulary (1000 trained pieces), and saved it
     saved = json.loads((tmp_path / "sst2" / "tokenizer" / "tokenizer.json").read_text())
     assert len(saved["model"]["vocab"]) == 1000
+
+
+def test_a_vocabulary_other_than_the_pretraining_one_is_refused(tmp_path, tokenizer):
+    from configs import bert_finetune
+    from experiments.finetune import find_tokenizer
+    from lm.data.wordpiece import WordPieceTokenizer
+
+    pretrained = WordPieceTokenizer.train(["a few words to learn a vocabulary from"] * 4, vocab_size=40)
+    pretrained.save(tmp_path / "run" / "tokenizer")
+    config = bert_finetune.get_config("sst2_tiny")
+    config.init_from = str(tmp_path / "run" / "checkpoints")  # the run's checkpoint folder: found above it
+    assert find_tokenizer(config).tokenizer.get_vocab() == pretrained.tokenizer.get_vocab()
+    config.data.vocab = "bert-base-uncased"
+    with pytest.raises(UserError, match=r"data.vocab='bert-base-uncased' \(30522 pieces\) is not the vocabulary the "
+                                        r"init_from run was pretrained with .*leave data.vocab empty"):
+        find_tokenizer(config)
+    config.init_from = str(tmp_path)  # no tokenizer saved there
+    config.data.vocab = ""
+    with pytest.raises(UserError, match="has no saved tokenizer"):
+        find_tokenizer(config)
