@@ -51,14 +51,27 @@ class Split:
     extra: Any = None  # CoNLL: (sentences, word_starts); SQuAD: (questions, Windows)
 
 
-class SentenceClassification:
+class Task:
+    """What a task adds to the encoder (the methods each task below defines): its splits, `scored` (the
+    ones scored, dev first), load (a split's rows), head (the head module), outputs (the head on Bert's
+    outputs), loss, weight (what a batch counts in eval means: here its real rows), predict (jittable:
+    outputs -> what score reads) and score (host predictions of every row -> scores)."""
+
+    def __init__(self, data: ml_collections.ConfigDict):
+        self.data = data
+
+    def weight(self, batch):
+        return jnp.sum(batch["valid"].astype(jnp.float32))
+
+
+class SentenceClassification(Task):
     """SST-2: [CLS] sentence [SEP] -> one of two labels, from the pooled output."""
 
     splits = ("train", "dev")
     scored = ("dev",)
 
-    def load(self, tokenizer, split: str, data: ml_collections.ConfigDict, limit: int) -> Split:
-        return Split(sst2.encode(tokenizer, split, data.max_seq_len, limit))
+    def load(self, tokenizer, split: str, limit: int) -> Split:
+        return Split(sst2.encode(tokenizer, split, self.data.max_seq_len, limit))
 
     def head(self, name: str) -> nn.Module:
         return PooledClassifier(len(sst2.LABELS), name=name)
@@ -71,9 +84,6 @@ class SentenceClassification:
         loss = masked_cross_entropy(logits, batch["label"], valid)
         return loss, {"cross_entropy": loss, "accuracy": masked_accuracy(logits, batch["label"], valid)}
 
-    def weight(self, batch):
-        return jnp.sum(batch["valid"].astype(jnp.float32))
-
     def predict(self, logits):
         return jnp.argmax(logits, axis=-1)  # (B,)
 
@@ -81,14 +91,14 @@ class SentenceClassification:
         return {"accuracy": task_metrics.accuracy(predicted, split.rows["label"])}
 
 
-class Regression:
+class Regression(Task):
     """STS-B: [CLS] A [SEP] B [SEP] -> a similarity score, from the pooled output."""
 
     splits = ("train", "dev", "test")
     scored = ("dev", "test")
 
-    def load(self, tokenizer, split: str, data: ml_collections.ConfigDict, limit: int) -> Split:
-        return Split(stsb.encode(tokenizer, split, data.max_seq_len, limit))
+    def load(self, tokenizer, split: str, limit: int) -> Split:
+        return Split(stsb.encode(tokenizer, split, self.data.max_seq_len, limit))
 
     def head(self, name: str) -> nn.Module:
         return RegressionHead(name=name)
@@ -100,8 +110,6 @@ class Regression:
         loss = mean_squared_error(predicted, batch["score"], batch["valid"])
         return loss, {"mean_squared_error": loss}
 
-    weight = SentenceClassification.weight
-
     def predict(self, predicted):
         return predicted
 
@@ -109,15 +117,15 @@ class Regression:
         return task_metrics.correlations(predicted, split.rows["score"])
 
 
-class Tagging:
+class Tagging(Task):
     """CoNLL-2003: a tag per word, predicted at its first piece."""
 
     splits = ("train", "valid", "test")
     scored = ("valid", "test")
 
-    def load(self, tokenizer, split: str, data: ml_collections.ConfigDict, limit: int) -> Split:
+    def load(self, tokenizer, split: str, limit: int) -> Split:
         sentences = conll2003.load(split, limit)
-        rows, word_starts = conll2003.encode(tokenizer, sentences, data.max_seq_len)
+        rows, word_starts = conll2003.encode(tokenizer, sentences, self.data.max_seq_len)
         return Split(rows, (sentences, word_starts))
 
     def head(self, name: str) -> nn.Module:
@@ -146,18 +154,16 @@ class Tagging:
         return task_metrics.entity_scores(gold, conll2003.word_tags(predicted, word_starts, sentences))
 
 
-class SpanExtraction:
+class SpanExtraction(Task):
     """SQuAD v1.1: the answer's first and last pieces in a question's context windows."""
 
     splits = ("train", "dev")
     scored = ("dev",)
 
-    def __init__(self, data: ml_collections.ConfigDict):
-        self.max_answer_length, self.n_best = data.max_answer_length, data.n_best
-
-    def load(self, tokenizer, split: str, data: ml_collections.ConfigDict, limit: int) -> Split:
+    def load(self, tokenizer, split: str, limit: int) -> Split:
         questions = squad.load(split, limit)
-        windows = squad.encode(tokenizer, questions, data.max_seq_len, data.doc_stride, data.max_query_length)
+        d = self.data
+        windows = squad.encode(tokenizer, questions, d.max_seq_len, d.doc_stride, d.max_query_length)
         return Split(windows.rows, (questions, windows))
 
     def head(self, name: str) -> nn.Module:
@@ -173,25 +179,23 @@ class SpanExtraction:
         return loss, {"cross_entropy": loss, "start_accuracy": masked_accuracy(start_logits, batch["start"],
                                                                                batch["valid"])}
 
-    weight = SentenceClassification.weight
-
     def predict(self, logits):
         return jnp.stack(logits, axis=-1)  # (B, T, 2)
 
     def score(self, predicted: np.ndarray, split: Split) -> dict[str, float]:
         questions, windows = split.extra
         answers = squad.predicted_answers(predicted[..., 0], predicted[..., 1], windows, questions,
-                                          self.max_answer_length, self.n_best)
+                                          self.data.max_answer_length, self.data.n_best)
         return task_metrics.squad_scores(answers, {q.id: q.answers for q in questions})
 
 
-def make_task(config: ml_collections.ConfigDict):
-    tasks = {"sst2": SentenceClassification, "stsb": Regression, "conll2003": Tagging}
-    if config.task == "squad":
-        return SpanExtraction(config.data)
-    if config.task not in tasks:
-        raise UserError(f"task={config.task!r}: use one of sst2, conll2003, squad, stsb")
-    return tasks[config.task]()
+TASKS = {"sst2": SentenceClassification, "conll2003": Tagging, "squad": SpanExtraction, "stsb": Regression}
+
+
+def make_task(config: ml_collections.ConfigDict) -> Task:
+    if config.task not in TASKS:
+        raise UserError(f"task={config.task!r}: use one of {', '.join(TASKS)}")
+    return TASKS[config.task](config.data)
 
 
 class BertWithHead(nn.Module):
@@ -199,7 +203,7 @@ class BertWithHead(nn.Module):
     under "bert" (the pretraining run's names), the head under "head", dropout between them."""
 
     bert: BertConfig
-    task: Any
+    task: Task
     dropout: float
 
     @nn.compact
@@ -321,7 +325,7 @@ def build(config: ml_collections.ConfigDict) -> FineTune:
     splits = {}
     for split in task.splits:
         limit = config.data.max_train_examples if split == "train" else config.data.max_eval_examples
-        loaded = task.load(tokenizer, split, config.data, limit)
+        loaded = task.load(tokenizer, split, limit)
         loaded.rows["valid"] = np.ones(len(loaded.rows["tokens"]), np.int32)
         splits[split] = loaded
     return FineTune(config, tokenizer, splits)
