@@ -144,3 +144,18 @@ def test_a_vocabulary_other_than_the_pretraining_one_is_refused(tmp_path, tokeni
     config.data.vocab = ""
     with pytest.raises(UserError, match="has no saved tokenizer"):
         find_tokenizer(config)
+
+
+def test_train_batches_resume_and_shard_by_step():
+    from lm.data.tasks.common import train_batches
+
+    rows = {"tokens": np.arange(10)[:, None] * np.ones((1, 4), np.int32), "label": np.arange(10)}
+    whole = [b["label"] for b, _ in zip(train_batches(rows, 4, seed=3), range(6), strict=False)]
+    first_epoch = np.concatenate(whole[:2])
+    assert len(set(first_epoch.tolist())) == 8  # no row twice within an epoch
+    resumed = next(iter(train_batches(rows, 4, seed=3, start_step=4)))["label"]
+    assert np.array_equal(resumed, whole[4])
+    halves = [next(iter(train_batches(rows, 2, seed=3, shard=(i, 2), start_step=4)))["label"] for i in range(2)]
+    assert np.array_equal(np.concatenate(halves), whole[4])
+    with pytest.raises(UserError, match="fewer than one global batch"):
+        train_batches(rows, 16, seed=0)
