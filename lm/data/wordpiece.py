@@ -65,6 +65,7 @@ class WordPieceTokenizer:
         if missing:
             raise UserError(f"the vocabulary of {source} lacks the special tokens {' '.join(missing)}: BERT needs "
                             f"all of {' '.join(SPECIAL_TOKENS)}; add them to the vocabulary or use another one")
+        tokenizer.add_special_tokens(list(SPECIAL_TOKENS))  # (ids kept) never split, skipped by decode
         self.tokenizer, self.source = tokenizer, source
         self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = map(tokenizer.token_to_id, SPECIAL_TOKENS)
 

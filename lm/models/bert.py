@@ -138,7 +138,8 @@ class MaskedLMHead(nn.Module):
         h = nn.gelu(head_dense(dim, dim, blocks.dtype, blocks.inits.dense, "dense")(hidden), approximate=False)
         h = Norm(blocks.norm, dtype=blocks.dtype, epsilon=blocks.norm_epsilon, name="norm")(h)
         logits = LMHead(cfg.vocab_size, cfg.padded_vocab_size, token_embed, blocks.dtype, name="output")(h)
-        bias = self.param("bias", param_init(nn.initializers.zeros, ("vocab",)), (cfg.vocab_size,), jnp.float32)
+        # (V,), unpadded, so unsharded: V need not divide the 'tensor' axis
+        bias = self.param("bias", param_init(nn.initializers.zeros, (None,)), (cfg.vocab_size,), jnp.float32)
         return logits + bias  # (B, P, V)
 
 
