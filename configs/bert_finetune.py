@@ -1,0 +1,76 @@
+"""BERT fine-tuning on SST-2, CoNLL-2003, SQuAD v1.1 and STS-B (experiments/finetune.py; docs/fine-tuning.md).
+
+Variants: TASK or TASK_SIZE, TASK one of sst2, conll2003, squad, stsb and SIZE one of configs/bert.py's
+(tiny, mini, small, base, large; mini when left out). The encoder is configs/bert.py's model section of
+that size, so --config.init_from=<a configs/bert.py:SIZE run> loads its "bert" parameters by name; without
+init_from the encoder trains from scratch (the pretrained-vs-scratch ablation). The tokenizer is the
+init_from run's (data.vocab=""), else bert-base-uncased (mini and up pretrain with it).
+
+  sst2       sentence classification, rows of 64, batch 32, 2000 steps (~1 epoch of 67k), lr 1e-4.
+             python -m lm.main --config=configs/bert_finetune.py:sst2 --workdir=runs/sst2 \
+                 --config.init_from=runs/bert_mini
+             From scratch (no init_from), 300 steps (--config.train.num_steps=300
+             --config.optimizer.decay_steps=300 --config.optimizer.warmup_steps=30 --config.eval.every=100):
+             dev accuracy 0.551 / 0.653 / 0.714 at steps 100 / 200 / 300, 13.7 min wall on the 2-core CPU
+             shared with other jobs (load average ~11; 4.6 CPU-min). With init_from: not yet measured.
+  conll2003  NER, rows of 128, batch 32, 1500 steps (~3.4 epochs), lr 1e-4; valid and test entity F1.
+             python -m lm.main --config=configs/bert_finetune.py:conll2003 --workdir=runs/conll2003 \
+                 --config.init_from=runs/bert_mini
+             Not yet measured.
+  squad      rows of 384 (question <= 64 pieces, windows every 128 context pieces), batch 32, 1200 steps
+             (~3 epochs of the 44-article training subset's 12k windows), lr 1e-4; dev EM and F1.
+             python -m lm.main --config=configs/bert_finetune.py:squad --workdir=runs/squad \
+                 --config.init_from=runs/bert_mini
+             Not yet measured (meant for an accelerator: 384-piece rows).
+  stsb       sentence-pair regression, rows of 128, batch 32, 540 steps (3 epochs), lr 1e-4; Pearson and
+             Spearman on dev and test.
+             python -m lm.main --config=configs/bert_finetune.py:stsb --workdir=runs/stsb \
+                 --config.init_from=runs/bert_mini
+             Not yet measured.
+  TASK_tiny  the tiny encoder (2 / 64 / 2, max 64 positions), 64-piece rows, the first 256 training and
+             64 dev/test examples (SQuAD: questions), 10 steps: seconds, for tests. Pretrain the tiny
+             encoder first (its own 1000-piece vocabulary, which the fine-tune then reads from the run):
+             python -m lm.main --config=configs/bert.py:tiny --workdir=/tmp/bert_tiny
+             python -m lm.main --config=configs/bert_finetune.py:sst2_tiny --workdir=/tmp/sst2_tiny \
+                 --config.init_from=/tmp/bert_tiny
+             (conll2003_tiny, squad_tiny, stsb_tiny alike.) Without init_from a _tiny variant runs on
+             bert-base-uncased's vocabulary.
+"""
+
+import ml_collections
+
+from configs import bert
+from experiments.finetune import base_config
+
+# Per task: what differs from experiments/finetune.py's base_config.
+TASKS = {
+    "sst2": dict(max_seq_len=64, num_steps=2000),
+    "conll2003": dict(max_seq_len=128, num_steps=1500),
+    "squad": dict(max_seq_len=384, num_steps=1200),
+    "stsb": dict(max_seq_len=128, num_steps=540),
+}
+
+
+def get_config(variant: str = "sst2") -> ml_collections.ConfigDict:
+    task, _, size = variant.partition("_")
+    size = size or "mini"
+    if task not in TASKS or size not in bert.VARIANTS:
+        raise ValueError(f"unknown variant {variant!r} of bert_finetune: use TASK or TASK_SIZE, TASK one of "
+                         f"{', '.join(TASKS)} and SIZE one of {', '.join(bert.VARIANTS)}")
+    config = base_config(task)
+    # The encoder exactly as configs/bert.py pretrains it at this size (so init_from loads it).
+    config.model = bert.get_config(size).model
+    config.model.head_dropout = 0.1  # on the encoder's outputs, before the task head (BERT's classifier dropout)
+    settings = TASKS[task]
+    config.data.max_seq_len = settings["max_seq_len"]
+    config.train.num_steps = settings["num_steps"]
+    config.optimizer.update(decay_steps=settings["num_steps"], warmup_steps=settings["num_steps"] // 10)
+
+    if size == "tiny":
+        config.model.head_dropout = 0.0
+        config.data.update(max_seq_len=64, max_train_examples=256, max_eval_examples=64, doc_stride=16,
+                           max_query_length=16)
+        config.train.update(batch_size=8, num_steps=10, log_every=5, checkpoint_every=10)
+        config.optimizer.update(learning_rate=1e-3, warmup_steps=2, decay_steps=10)
+        config.eval.update(every=5, batch_size=32)
+    return config

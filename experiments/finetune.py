@@ -1,0 +1,364 @@
+"""BERT fine-tuning: the encoder of lm/models/bert.py under "bert" and one small task head under "head",
+trained end to end on one of four tasks (config.task; data in lm/data/tasks/, scores in lm/task_metrics.py):
+
+  sst2       sentence classification: PooledClassifier on Bert's pooled [CLS] output; cross-entropy;
+             dev accuracy
+  conll2003  named-entity tagging: TokenTagger on every position, a word's tag on its first piece;
+             cross-entropy over first pieces; entity precision / recall / F1 on valid and test
+  squad      span extraction: SpanHead start and end logits over the context pieces (and [CLS], the
+             target where a window lacks the answer); the mean of the two cross-entropies; exact match
+             and F1 on dev, the best span over each question's windows
+  stsb       sentence-pair regression: RegressionHead on the pooled output; mean squared error;
+             Pearson and Spearman on dev (and on test, whose gold is in the STS Benchmark originals)
+
+The encoder starts from a pretraining run with --config.init_from=RUN (its "bert" subtree loads by name,
+the pretraining heads are dropped, the task head starts fresh), or from scratch without it. Rows are
+padded to data.max_seq_len, so each step compiles once. The tokenizer is the init_from run's saved one
+(data.vocab=""), else data.vocab; the run saves it beside its checkpoints.
+"""
+
+import dataclasses
+import functools
+import pathlib
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from experiments.masked_lm import TOKENIZER_DIR  # <workdir>/tokenizer/tokenizer.json, as pretraining saves it
+from lm import sharding, task_metrics
+from lm.data.tasks import common, conll2003, squad, sst2, stsb
+from lm.data.wordpiece import TOKENIZER_FILE, WordPieceTokenizer
+from lm.errors import UserError
+from lm.layers.heads import PooledClassifier, RegressionHead, SpanHead, TokenTagger
+from lm.layers.moe import parameter_counts
+from lm.losses import cross_entropy, masked_accuracy, masked_cross_entropy, masked_mean, mean_squared_error
+from lm.models.bert import Bert, BertConfig, bert_config, flops_per_sequence
+from lm.train.experiment import Evaluator
+from lm.train.options import optimizer_options, run_options, train_options
+
+DEFAULT_VOCAB = "bert-base-uncased"
+
+
+@dataclasses.dataclass
+class Split:
+    """One split of a task: its rows (lm/data/tasks/common.py) and what scoring needs besides them."""
+
+    rows: common.Rows
+    extra: Any = None  # CoNLL: (sentences, word_starts); SQuAD: (questions, Windows)
+
+
+class Task:
+    """What a task adds to the encoder (the methods each task below defines): its splits, `scored` (the
+    ones scored, dev first), load (a split's rows), head (the head module), outputs (the head on Bert's
+    outputs), loss, weight (what a batch counts in eval means: here its real rows), predict (jittable:
+    outputs -> what score reads) and score (host predictions of every row -> scores)."""
+
+    def __init__(self, data: ml_collections.ConfigDict):
+        self.data = data
+
+    def weight(self, batch):
+        return jnp.sum(batch["valid"].astype(jnp.float32))
+
+
+class SentenceClassification(Task):
+    """SST-2: [CLS] sentence [SEP] -> one of two labels, from the pooled output."""
+
+    splits = ("train", "dev")
+    scored = ("dev",)
+
+    def load(self, tokenizer, split: str, limit: int) -> Split:
+        return Split(sst2.encode(tokenizer, split, self.data.max_seq_len, limit))
+
+    def head(self, name: str) -> nn.Module:
+        return PooledClassifier(len(sst2.LABELS), name=name)
+
+    def outputs(self, head, hidden, pooled, batch):
+        return head(pooled[:, None])  # (B, K): the pooled vector as the one position the head's "cls" pool reads
+
+    def loss(self, logits, batch):
+        valid = batch["valid"]
+        loss = masked_cross_entropy(logits, batch["label"], valid)
+        return loss, {"cross_entropy": loss, "accuracy": masked_accuracy(logits, batch["label"], valid)}
+
+    def predict(self, logits):
+        return jnp.argmax(logits, axis=-1)  # (B,)
+
+    def score(self, predicted: np.ndarray, split: Split) -> dict[str, float]:
+        return {"accuracy": task_metrics.accuracy(predicted, split.rows["label"])}
+
+
+class Regression(Task):
+    """STS-B: [CLS] A [SEP] B [SEP] -> a similarity score, from the pooled output."""
+
+    splits = ("train", "dev", "test")
+    scored = ("dev", "test")
+
+    def load(self, tokenizer, split: str, limit: int) -> Split:
+        return Split(stsb.encode(tokenizer, split, self.data.max_seq_len, limit))
+
+    def head(self, name: str) -> nn.Module:
+        return RegressionHead(name=name)
+
+    def outputs(self, head, hidden, pooled, batch):
+        return head(pooled)  # (B,)
+
+    def loss(self, predicted, batch):
+        loss = mean_squared_error(predicted, batch["score"], batch["valid"])
+        return loss, {"mean_squared_error": loss}
+
+    def predict(self, predicted):
+        return predicted
+
+    def score(self, predicted: np.ndarray, split: Split) -> dict[str, float]:
+        return task_metrics.correlations(predicted, split.rows["score"])
+
+
+class Tagging(Task):
+    """CoNLL-2003: a tag per word, predicted at its first piece."""
+
+    splits = ("train", "valid", "test")
+    scored = ("valid", "test")
+
+    def load(self, tokenizer, split: str, limit: int) -> Split:
+        sentences = conll2003.load(split, limit)
+        rows, word_starts = conll2003.encode(tokenizer, sentences, self.data.max_seq_len)
+        return Split(rows, (sentences, word_starts))
+
+    def head(self, name: str) -> nn.Module:
+        return TokenTagger(len(conll2003.TAGS), name=name)
+
+    def outputs(self, head, hidden, pooled, batch):
+        return head(hidden)  # (B, T, K)
+
+    def tagged(self, batch):
+        return batch["tag_mask"] * batch["valid"][:, None]  # (B, T): the first pieces of real rows
+
+    def loss(self, logits, batch):
+        tagged = self.tagged(batch)
+        loss = masked_cross_entropy(logits, batch["tags"], tagged)
+        return loss, {"cross_entropy": loss, "accuracy": masked_accuracy(logits, batch["tags"], tagged)}
+
+    def weight(self, batch):
+        return jnp.sum(self.tagged(batch).astype(jnp.float32))
+
+    def predict(self, logits):
+        return jnp.argmax(logits, axis=-1)  # (B, T)
+
+    def score(self, predicted: np.ndarray, split: Split) -> dict[str, float]:
+        sentences, word_starts = split.extra
+        gold = [s.tags for s in sentences]
+        return task_metrics.entity_scores(gold, conll2003.word_tags(predicted, word_starts, sentences))
+
+
+class SpanExtraction(Task):
+    """SQuAD v1.1: the answer's first and last pieces in a question's context windows."""
+
+    splits = ("train", "dev")
+    scored = ("dev",)
+
+    def load(self, tokenizer, split: str, limit: int) -> Split:
+        questions = squad.load(split, limit)
+        d = self.data
+        windows = squad.encode(tokenizer, questions, d.max_seq_len, d.doc_stride, d.max_query_length)
+        return Split(windows.rows, (questions, windows))
+
+    def head(self, name: str) -> nn.Module:
+        return SpanHead(name=name)
+
+    def outputs(self, head, hidden, pooled, batch):
+        return head(hidden, batch["span_mask"].astype(bool))  # (start, end) logits, (B, T) each
+
+    def loss(self, logits, batch):
+        start_logits, end_logits = logits
+        both = (cross_entropy(start_logits, batch["start"]) + cross_entropy(end_logits, batch["end"])) / 2
+        loss = masked_mean(both, batch["valid"])
+        return loss, {"cross_entropy": loss, "start_accuracy": masked_accuracy(start_logits, batch["start"],
+                                                                               batch["valid"])}
+
+    def predict(self, logits):
+        return jnp.stack(logits, axis=-1)  # (B, T, 2)
+
+    def score(self, predicted: np.ndarray, split: Split) -> dict[str, float]:
+        questions, windows = split.extra
+        answers = squad.predicted_answers(predicted[..., 0], predicted[..., 1], windows, questions,
+                                          self.data.max_answer_length, self.data.n_best)
+        return task_metrics.squad_scores(answers, {q.id: q.answers for q in questions})
+
+
+TASKS = {"sst2": SentenceClassification, "conll2003": Tagging, "squad": SpanExtraction, "stsb": Regression}
+
+
+def make_task(config: ml_collections.ConfigDict) -> Task:
+    if config.task not in TASKS:
+        raise UserError(f"task={config.task!r}: use one of {', '.join(TASKS)}")
+    return TASKS[config.task](config.data)
+
+
+class BertWithHead(nn.Module):
+    """A batch (tokens, segments, mask (B, T), and what the task reads) -> the task head's outputs: Bert
+    under "bert" (the pretraining run's names), the head under "head", dropout between them."""
+
+    bert: BertConfig
+    task: Task
+    dropout: float
+
+    @nn.compact
+    def __call__(self, batch: dict, train: bool = False):
+        hidden, pooled = Bert(self.bert, name="bert")(batch["tokens"], batch["segments"], batch["mask"], train)
+        dropout = nn.Dropout(self.dropout, deterministic=not train)
+        return self.task.outputs(self.task.head("head"), dropout(hidden), dropout(pooled), batch)
+
+
+def saved_tokenizer(init_from: str) -> WordPieceTokenizer | None:
+    """The tokenizer a pretraining run saved (TOKENIZER_DIR in init_from, or in one of the two folders above
+    it: init_from may name the run's checkpoint folder or one step's folder); None if there is none."""
+    place = pathlib.Path(init_from).expanduser()
+    for folder in (place, *list(place.parents)[:2]):
+        if (folder / TOKENIZER_DIR / TOKENIZER_FILE).is_file():
+            return WordPieceTokenizer.load(folder / TOKENIZER_DIR)
+    return None
+
+
+def find_tokenizer(config: ml_collections.ConfigDict) -> WordPieceTokenizer:
+    """data.vocab if set (a vocab.txt name or path, or a folder holding a tokenizer.json), which must be the
+    init_from run's vocabulary when it saved one; else the init_from run's saved tokenizer; else, from
+    scratch, bert-base-uncased."""
+    vocab, init_from = config.data.vocab, config.init_from
+    pretrained = saved_tokenizer(init_from) if init_from else None
+    if not vocab:
+        if pretrained is None and init_from:
+            raise UserError(f"init_from={init_from} has no saved tokenizer ({TOKENIZER_DIR}/{TOKENIZER_FILE} in it "
+                            "or above it): name the pretraining vocabulary with --config.data.vocab")
+        return pretrained or WordPieceTokenizer.from_vocab(DEFAULT_VOCAB)
+    folder = pathlib.Path(vocab).expanduser()
+    tokenizer = (WordPieceTokenizer.load(folder) if (folder / TOKENIZER_FILE).is_file()
+                 else WordPieceTokenizer.from_vocab(vocab))
+    if pretrained is not None and tokenizer.tokenizer.get_vocab() != pretrained.tokenizer.get_vocab():
+        raise UserError(f"data.vocab={vocab!r} ({tokenizer.vocab_size} pieces) is not the vocabulary the init_from "
+                        f"run was pretrained with ({pretrained.source}, {pretrained.vocab_size} pieces): leave "
+                        "data.vocab empty to fine-tune with the pretraining vocabulary")
+    return tokenizer
+
+
+class FineTune:
+    unit = "examples"
+    units_per_example = 1
+
+    def __init__(self, config: ml_collections.ConfigDict, tokenizer: WordPieceTokenizer,
+                 splits: dict[str, Split] | None = None):
+        self.config, self.tokenizer = config, tokenizer
+        self.task = make_task(config)
+        self.splits = splits or {}
+        if config.data.max_seq_len > config.model.max_positions:
+            raise UserError(f"data.max_seq_len={config.data.max_seq_len} is longer than the model's "
+                            f"model.max_positions={config.model.max_positions}: lower it")
+        self.model = BertWithHead(bert_config(config.model, tokenizer.vocab_size), self.task,
+                                  config.model.head_dropout)
+
+    def init(self, rng: jax.Array) -> dict:
+        length = self.config.data.max_seq_len
+        batch = {name: jnp.zeros((1, length), jnp.int32) for name in ("tokens", "segments", "mask", "span_mask")}
+        return self.model.init({"params": rng}, batch)
+
+    def loss(self, params, batch, rng, train: bool):
+        outputs = self.model.apply({"params": params}, batch, train=train, rngs={"dropout": rng})
+        return self.task.loss(outputs, batch)
+
+    def train_data(self, batch_size: int, seed: int, shard: tuple[int, int], start_step: int):
+        return common.train_batches(self.splits["train"].rows, batch_size, seed, shard, start_step)
+
+    def batch_variants(self, batch):
+        return [batch]  # one shape
+
+    def eval_data(self, split: str | None = None):
+        return common.eval_batches(self.splits[split or self.task.scored[0]].rows, self.config.eval.batch_size)
+
+    def eval_weight(self, batch) -> jax.Array:
+        return self.task.weight(batch)
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def _predict(self, params, batch):
+        return self.task.predict(self.model.apply({"params": params}, batch))
+
+    def scores(self, params, split: str) -> dict[str, float]:
+        """The task's scores on a split, from the predictions of every row (in order)."""
+        predicted = np.concatenate([np.asarray(self._predict(params, batch)) for batch in self.eval_data(split)])
+        return self.task.score(predicted[: len(self.splits[split].rows["tokens"])], self.splits[split])
+
+    def evaluators(self) -> list[Evaluator]:
+        """The task's scores on its dev split every eval.every steps (logged as dev_<score>)."""
+        dev = self.task.scored[0]
+        return [Evaluator("dev", self.config.eval.every, lambda params: self.scores(params, dev))]
+
+    def active_params(self, params) -> int:
+        return parameter_counts(params, self.config.model.moe.top_k)[1]
+
+    def flops_per_example(self, active_params: int) -> float:
+        """The encoder's training FLOPs for one padded row (lm/models/bert.py, no masked-LM predictions)."""
+        return flops_per_sequence(self.model.bert, active_params, self.config.data.max_seq_len, 0)
+
+    def save_assets(self, workdir: pathlib.Path) -> None:
+        self.tokenizer.save(workdir / TOKENIZER_DIR)
+
+    def texts(self, params) -> dict[str, str]:
+        return {}
+
+    def final_results(self, params, evaluate, workdir: pathlib.Path) -> dict[str, float]:
+        """The task's scores on each scored split (dev; CoNLL-2003 valid and test; STS-B dev and test),
+        named <split>_<score>, and the loss there."""
+        results = {}
+        for split in self.task.scored:
+            results.update({f"{split}_{k}": v for k, v in self.scores(params, split).items()})
+            results[f"{split}_loss"] = evaluate(self.eval_data(split))["loss"]
+        return results
+
+
+def build(config: ml_collections.ConfigDict) -> FineTune:
+    """The tokenizer (find_tokenizer), then the task's splits encoded with it (data.max_train_examples and
+    data.max_eval_examples keep the first so many; 0: all)."""
+    tokenizer = find_tokenizer(config)
+    task = make_task(config)
+    splits = {}
+    for split in task.splits:
+        limit = config.data.max_train_examples if split == "train" else config.data.max_eval_examples
+        loaded = task.load(tokenizer, split, limit)
+        loaded.rows["valid"] = np.ones(len(loaded.rows["tokens"]), np.int32)
+        splits[split] = loaded
+    return FineTune(config, tokenizer, splits)
+
+
+def from_workdir(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> FineTune:
+    """The experiment for predicting with a trained model: its tokenizer from the run folder, no data."""
+    return FineTune(config, WordPieceTokenizer.load(workdir / TOKENIZER_DIR))
+
+
+def base_config(task: str) -> ml_collections.ConfigDict:
+    """What every fine-tuning config shares (configs/bert_finetune.py adds the model and the task's sizes)."""
+    config = run_options("finetune")
+    config.task = task  # sst2 | conll2003 | squad | stsb
+
+    config.data = ml_collections.ConfigDict()
+    config.data.vocab = ""  # "": the init_from run's tokenizer (else bert-base-uncased); or a vocab.txt name/path
+    config.data.max_seq_len = 128  # every row padded (or cut) to this
+    config.data.max_train_examples = 0  # the first so many training examples (0: all)
+    config.data.max_eval_examples = 0  # the first so many of each scored split (0: all)
+    config.data.doc_stride = 128  # SQuAD: pieces between the starts of a long context's windows
+    config.data.max_query_length = 64  # SQuAD: the question's pieces kept
+    config.data.max_answer_length = 30  # SQuAD: the longest answer span decoded, in pieces
+    config.data.n_best = 20  # SQuAD: start and end candidates per window
+
+    config.optimizer = optimizer_options(learning_rate=1e-4, min_learning_rate=0.0, warmup_steps=100,
+                                         decay_steps=1000, weight_decay=0.01)
+    config.train = train_options(batch_size=32, num_steps=1000, log_every=50, checkpoint_every=500)
+
+    config.eval = ml_collections.ConfigDict()
+    config.eval.every = 250  # the trainer's loss on the dev split, and the task's scores (dev_*)
+    config.eval.batch_size = 128
+
+    config.mesh = sharding.mesh_options()
+    config.sharding_rules = sharding.DEFAULT_RULES
+    return config

@@ -1,0 +1,163 @@
+"""BERT fine-tuning: the tasks' encoding (first-piece tags, SQuAD windows and offsets), bad input, and a
+tiny pretrain -> fine-tune run through the trainer with init_from."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from lm.data.tasks import conll2003, squad
+from lm.errors import UserError
+
+
+@pytest.fixture(scope="module")
+def tokenizer(data_dir):
+    from lm.data.wordpiece import WordPieceTokenizer
+
+    return WordPieceTokenizer.from_vocab("bert-base-uncased")
+
+
+def test_tags_go_on_each_words_first_piece(tokenizer):
+    sentences = [conll2003.Sentence(("Nadim", "Ladki", "visited", "Leicestershire"), ("B-PER", "I-PER", "O", "B-LOC")),
+                 conll2003.Sentence(("EU", "rejects", "German", "call"), ("B-ORG", "O", "B-MISC", "O"))]
+    rows, word_starts = conll2003.encode(tokenizer, sentences, 16)
+    pieces = tokenizer.id_pieces(rows["tokens"][0][: rows["mask"][0].sum()])
+    assert pieces[:5] == ["[CLS]", "nad", "##im", "lad", "##ki"] and pieces[-1] == "[SEP]"
+    assert list(word_starts[0]) == [1, 3, 5, 6]  # "leicestershire" is one piece or more; it starts at 6
+    tag_ids = {t: i for i, t in enumerate(conll2003.TAGS)}
+    for row, sentence in enumerate(sentences):
+        starts = word_starts[row]
+        assert np.flatnonzero(rows["tag_mask"][row]).tolist() == starts.tolist()  # only first pieces count
+        assert rows["tags"][row, starts].tolist() == [tag_ids[t] for t in sentence.tags]
+        assert not pieces[0].startswith("##")
+        for s in starts:  # a first piece never continues a word
+            assert not tokenizer.id_pieces([rows["tokens"][row, s]])[0].startswith("##")
+    # predictions read back per word, from the first pieces only (the others' predictions are ignored)
+    predicted = np.where(rows["tag_mask"] == 1, rows["tags"], tag_ids["B-LOC"])
+    assert conll2003.word_tags(predicted, word_starts, sentences) == [list(s.tags) for s in sentences]
+    # a row too short for the sentence: the words cut off are predicted O
+    short_rows, short_starts = conll2003.encode(tokenizer, sentences[:1], 6)
+    assert conll2003.word_tags(short_rows["tags"], short_starts, sentences[:1]) == [["B-PER", "I-PER", "O", "O"]]
+
+
+def test_squad_windows_cover_the_context_and_map_answers_back(tokenizer):
+    questions = squad.load("dev", 60)
+    length, stride = 64, 16
+    windows = squad.encode(tokenizer, questions, length, stride, max_query_length=16)
+    q = max(range(len(questions)), key=lambda i: len(questions[i].context))
+    question = questions[q]
+    rows = np.flatnonzero(windows.question == q)
+    assert len(rows) > 3  # a long context, read in several windows
+    context_ids, context_offsets = tokenizer.encode_with_offsets(question.context)
+    covered = {tuple(span) for r in rows for span in windows.offsets[r] if span[0] >= 0}
+    assert covered == {tuple(span) for span in context_offsets}  # every context piece is in some window
+    inside = [r for r in rows if windows.rows["start"][r] > 0]
+    assert inside, "the answer lies in at least one window"
+    answer = question.answers[0]
+    for r in inside:
+        start, end = windows.rows["start"][r], windows.rows["end"][r]
+        assert windows.rows["span_mask"][r, start] and windows.rows["span_mask"][r, end]
+        assert question.context[windows.offsets[r, start, 0] : windows.offsets[r, end, 1]] == answer
+    for r in sorted(set(rows) - set(inside)):  # the answer is not wholly inside: the target is [CLS]
+        assert windows.rows["start"][r] == windows.rows["end"][r] == 0
+    # logits that point at the gold pieces decode to the answer's exact text
+    start_logits = np.zeros(windows.rows["tokens"].shape)
+    end_logits = np.zeros(windows.rows["tokens"].shape)
+    start_logits[inside[0], windows.rows["start"][inside[0]]] = 10
+    end_logits[inside[0], windows.rows["end"][inside[0]]] = 10
+    answers = squad.predicted_answers(start_logits, end_logits, windows, questions, 30, 20)
+    assert answers[question.id] == answer
+
+
+def test_missing_file_and_bad_labels_are_one_line_errors(tmp_path, monkeypatch, data_dir):
+    from lm.data.tasks import sst2, stsb
+
+    monkeypatch.setenv("LM_DATA_DIR", str(tmp_path))
+    with pytest.raises(UserError, match=r"sst2/dev.tsv not found .*set LM_DATA_DIR to a folder holding sst2/dev.tsv"):
+        sst2.load("dev")
+    (tmp_path / "sst2").mkdir()
+    (tmp_path / "sst2" / "dev.tsv").write_text("sentence\tlabel\ngood . \t1\nbad . \t2\n")
+    with pytest.raises(UserError, match=r"dev.tsv:3: label '2' is not one of the task's labels \(0 or 1\)"):
+        sst2.load("dev")
+    (tmp_path / "conll2003").mkdir()
+    (tmp_path / "conll2003" / "valid.txt").write_text("Paris NNP B-NP B-LOC\nis VBZ B-VP O\n\nRome NNP B-NP B-CITY\n")
+    with pytest.raises(UserError, match=r"valid.txt:4: label 'B-CITY' is not one of the task's labels"):
+        conll2003.load("valid")
+    shutil.copytree(data_dir / "stsb" / "original", tmp_path / "stsb" / "original")
+    lines = (tmp_path / "stsb" / "original" / "sts-test.tsv").read_text().splitlines()
+    fields = lines[1].split("\t")
+    fields[4] = "5.5"
+    lines[1] = "\t".join(fields)
+    (tmp_path / "stsb" / "original" / "sts-test.tsv").chmod(0o644)
+    (tmp_path / "stsb" / "original" / "sts-test.tsv").write_text("\n".join(lines) + "\n")
+    with pytest.raises(UserError, match=r"sts-test.tsv:2: label '5.5' is not one of the task's labels"):
+        stsb.load("test")
+
+
+def test_tiny_pretrain_then_fine_tune_through_the_trainer(tmp_path, data_dir, capsys):
+    import jax
+
+    from configs import bert, bert_finetune
+    from lm.train.loop import train
+
+    pretrain = bert.get_config("tiny")
+    pretrain.train.update(num_steps=2, checkpoint_every=2)
+    pretrain.eval.every = 0
+    pretrain.data.max_documents = 6
+    pretrain.model.num_layers = 1  # (fewer layers: less to compile)
+    train(pretrain, str(tmp_path / "bert"), devices=jax.devices()[:1])
+
+    config = bert_finetune.get_config("sst2_tiny")
+    config.model.num_layers = 1  # as the pretraining run's
+    config.init_from = str(tmp_path / "bert")
+    config.data.update(max_train_examples=32, max_eval_examples=16)
+    config.train.update(num_steps=2, checkpoint_every=2)
+    config.eval.update(every=2, batch_size=16)
+    capsys.readouterr()
+    summary = train(config, str(tmp_path / "sst2"), devices=jax.devices()[:1])
+    out = capsys.readouterr().out
+    assert "loaded        23 arrays" in out and ": bert (23)" in out  # the whole encoder
+    assert "initialised    2 arrays" in out and ": head (2)" in out  # the new classifier
+    assert "mlm_head (5), nsp_head (2)" in out  # the pretraining heads, dropped
+    assert 0 <= summary["dev_accuracy"] <= 1  # the evaluator's score during training
+    results = json.loads((tmp_path / "sst2" / "results.json").read_text())
+    assert 0 <= results["dev_accuracy"] <= 1 and np.isfinite(results["dev_loss"])
+    # the fine-tune read the pretraining run's own vocabulary (1000 trained pieces), and saved it
+    saved = json.loads((tmp_path / "sst2" / "tokenizer" / "tokenizer.json").read_text())
+    assert len(saved["model"]["vocab"]) == 1000
+
+
+def test_a_vocabulary_other_than_the_pretraining_one_is_refused(tmp_path, tokenizer):
+    from configs import bert_finetune
+    from experiments.finetune import find_tokenizer
+    from lm.data.wordpiece import WordPieceTokenizer
+
+    pretrained = WordPieceTokenizer.train(["a few words to learn a vocabulary from"] * 4, vocab_size=40)
+    pretrained.save(tmp_path / "run" / "tokenizer")
+    config = bert_finetune.get_config("sst2_tiny")
+    config.init_from = str(tmp_path / "run" / "checkpoints")  # the run's checkpoint folder: found above it
+    assert find_tokenizer(config).tokenizer.get_vocab() == pretrained.tokenizer.get_vocab()
+    config.data.vocab = "bert-base-uncased"
+    with pytest.raises(UserError, match=r"data.vocab='bert-base-uncased' \(30522 pieces\) is not the vocabulary the "
+                                        r"init_from run was pretrained with .*leave data.vocab empty"):
+        find_tokenizer(config)
+    config.init_from = str(tmp_path)  # no tokenizer saved there
+    config.data.vocab = ""
+    with pytest.raises(UserError, match="has no saved tokenizer"):
+        find_tokenizer(config)
+
+
+def test_train_batches_resume_and_shard_by_step():
+    from lm.data.tasks.common import train_batches
+
+    rows = {"tokens": np.arange(10)[:, None] * np.ones((1, 4), np.int32), "label": np.arange(10)}
+    whole = [b["label"] for b, _ in zip(train_batches(rows, 4, seed=3), range(6), strict=False)]
+    first_epoch = np.concatenate(whole[:2])
+    assert len(set(first_epoch.tolist())) == 8  # no row twice within an epoch
+    resumed = next(iter(train_batches(rows, 4, seed=3, start_step=4)))["label"]
+    assert np.array_equal(resumed, whole[4])
+    halves = [next(iter(train_batches(rows, 2, seed=3, shard=(i, 2), start_step=4)))["label"] for i in range(2)]
+    assert np.array_equal(np.concatenate(halves), whole[4])
+    with pytest.raises(UserError, match="fewer than one global batch"):
+        train_batches(rows, 16, seed=0)
