@@ -1,11 +1,13 @@
 """Hugging Face checkpoints in and out (lm/hf): the fixtures of tests/fixtures/hf (made by transformers
 with make_fixtures.py, which also checks lm's export in transformers) give transformers' outputs in lm,
-in either layer layout, from fp32, bf16 and sharded folders; lm -> HF -> lm is exact; greedy generation
-matches transformers' token for token; what lm cannot represent is one line."""
+in either layer layout, from fp32, bf16 and sharded folders; lm -> HF -> lm is exact (a BERT run's
+WordPiece vocabulary too); greedy generation matches transformers' token for token; what lm cannot represent
+is one line."""
 
 import json
 import pathlib
 import shutil
+import string
 import types
 
 import flax.linen as nn
@@ -17,9 +19,11 @@ import pytest
 from flax import traverse_util
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from safetensors.numpy import load_file, save_file
+from tokenizers import models
 
 from experiments.image_classification import ImageClassification
 from experiments.language_model import LanguageModel
+from lm.data.wordpiece import SPECIAL_TOKENS, UNK, WordPieceTokenizer, bert_pipeline
 from lm.decode.generate import generate, sample_logits
 from lm.errors import UserError
 from lm.hf.export import export
@@ -169,8 +173,8 @@ def flat_params(params: dict) -> dict:
 
 def without_padding(name: str, value, vocab_size: int):
     """The vocabulary's rows of a token table or output kernel (the padding rows come back as zeros)."""
-    return {"token_embed/embedding": lambda: value[:vocab_size], "lm_head/kernel": lambda: value[:, :vocab_size]}.get(
-        name, lambda: value)()
+    return {"token_embed/embedding": lambda: value[:vocab_size], "lm_head/kernel": lambda: value[:, :vocab_size],
+            "bert/embeddings/token_embed/embedding": lambda: value[:vocab_size]}.get(name, lambda: value)()
 
 
 def test_lm_to_hf_to_lm_is_exact_from_either_layout_into_shards(loaded, tmp_path):
@@ -194,6 +198,75 @@ def test_lm_to_hf_to_lm_is_exact_from_either_layout_into_shards(loaded, tmp_path
     theirs = {name: value.shape for name, value in Folder(FIXTURES / "gpt2", "").abstract().items()}
     theirs["transformer.wpe.weight"] = (config.data.context_length, 32)  # the rows this run trains on
     assert {name: value.shape for name, value in Folder(tmp_path / "gpt2", "").abstract().items()} == theirs
+
+
+WORDS = ("the of and to in is was he that it for on with as his by at from this be are model text we had not but "
+         "have one all were they").split()
+
+
+def wordpiece_of_size(size: int) -> WordPieceTokenizer:
+    """A BERT uncased WordPiece vocabulary of exactly size pieces (the BERT fixtures' 140): the specials,
+    the letters and digits, their '##' continuations, then common words."""
+    characters = string.ascii_lowercase + string.digits
+    pieces = [*SPECIAL_TOKENS, *string.punctuation, *characters, *(f"##{c}" for c in characters), *WORDS]
+    assert len(set(pieces)) == len(pieces) >= size
+    vocab = {piece: i for i, piece in enumerate(pieces[:size])}
+    return WordPieceTokenizer(bert_pipeline(models.WordPiece(vocab, unk_token=UNK)), f"{size} test pieces")
+
+
+def test_a_bert_run_exports_as_bert_for_pretraining_with_its_vocabulary_and_reads_back_exactly(loaded, tmp_path):
+    """A scanned BertForPretraining (every parameter moved by noise, the heads too) and its 140-piece
+    WordPiece tokenizer, saved as a run folder (config.json, a checkpoint, tokenizer/) and exported by
+    `lm.cli.export`: the tensors and shapes transformers' BertForPreTraining saves (the decoder tied, not
+    written), its config.json fields, a vocab.txt that reads back as the same vocabulary, and
+    init_from=hf: of the folder gives every parameter back exactly."""
+    from lm.cli.export import export_run
+    from lm.train.checkpoint import Checkpointer
+
+    config, _, params, _ = loaded("bert_model", True)
+    keys = iter(jax.random.split(jax.random.key(0), len(jax.tree.leaves(params))))
+    params = jax.tree.map(lambda p: p + jax.random.normal(next(keys), p.shape), params)
+    tokenizer = wordpiece_of_size(140)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(config.to_json_best_effort())
+    tokenizer.save(run / "tokenizer")
+    checkpointer = Checkpointer(str(run / "checkpoints"), 1)
+    checkpointer.save(3, {"params": params})
+    checkpointer.close()
+    out = tmp_path / "exported"
+    export_run(run, out, "float32")
+
+    theirs = {name: value.shape for name, value in Folder(FIXTURES / "bert", "").abstract().items()}
+    theirs.update({"bert.pooler.dense.weight": (32, 32), "bert.pooler.dense.bias": (32,),
+                   "cls.seq_relationship.weight": (2, 32), "cls.seq_relationship.bias": (2,)})
+    assert {name: value.shape for name, value in Folder(out, "").abstract().items()} == theirs
+    written = json.loads((out / "config.json").read_text())
+    fixture = json.loads((FIXTURES / "bert" / "config.json").read_text())
+    for field in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                  "max_position_embeddings", "type_vocab_size", "layer_norm_eps", "hidden_act"):
+        assert written[field] == fixture[field], field
+    assert written["architectures"] == ["BertForPreTraining"]
+    assert WordPieceTokenizer.from_vocab(str(out / "vocab.txt")).tokenizer.get_vocab() == \
+        tokenizer.tokenizer.get_vocab()
+    assert json.loads((out / "tokenizer_config.json").read_text())["do_lower_case"] is True
+
+    source = HFSource(str(out), config)
+    reloaded = source.load_params(jax.tree.map(lambda _: jax.devices()[0], source.abstract_params()))
+    reloaded = flat_params(init_from.in_layout_of(reloaded, params))
+    assert reloaded.keys() == flat_params(params).keys()
+    for key, value in flat_params(params).items():
+        np.testing.assert_array_equal(without_padding(key, reloaded[key], 140), without_padding(key, value, 140),
+                                      err_msg=key)
+
+
+def test_a_bert_run_bert_cannot_hold_is_one_line(loaded, tmp_path):
+    config = loaded("bert")[0].copy_and_resolve_references()
+    config.model.update(norm_position="pre", position="rope")
+    with pytest.raises(UserError, match=r"^no Hugging Face architecture holds this run's model: BertForPreTraining "
+                                        r"needs model.norm_position=post \(this run: pre\), model.position=learned "
+                                        r"\(this run: rope\)$"):
+        export(config, {}, 140, tmp_path / "out", tokenizer=wordpiece_of_size(140))
 
 
 def test_a_bare_gpt2model_checkpoint_with_mask_buffers_reads_as_well(loaded, tmp_path):

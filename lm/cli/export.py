@@ -4,7 +4,8 @@ that transformers' from_pretrained loads and that gives the run's logits (docs/h
   python -m lm.export --workdir=runs/gpt2_finetune --out=exported/gpt2_finetune [--dtype=bfloat16]
 
 A language model exports as GPT2LMHeadModel or LlamaForCausalLM, a ViT as ViTForImageClassification,
-whichever holds its config (else one line says which fields stand in the way).
+a BERT pretraining run as BertForPreTraining with its WordPiece vocabulary (vocab.txt,
+tokenizer_config.json), whichever holds its config (else one line says which fields stand in the way).
 """
 
 import json
@@ -27,7 +28,8 @@ def export_run(workdir: pathlib.Path, out: pathlib.Path, dtype: str) -> None:
     """The latest checkpoint of the run in workdir, written to out."""
     import ml_collections
 
-    from experiments import language_model
+    from experiments import language_model, masked_lm
+    from lm.data.wordpiece import WordPieceTokenizer
     from lm.hf.export import export
     from lm.train.init_from import CheckpointSource
 
@@ -38,8 +40,13 @@ def export_run(workdir: pathlib.Path, out: pathlib.Path, dtype: str) -> None:
     source = CheckpointSource(str(workdir))
     on_host = SingleDeviceSharding(jax.devices("cpu")[0])
     params = source.load_params(jax.tree.map(lambda _: on_host, source.abstract_params()))
-    vocab_size = language_model.vocab_size(config, workdir) if config.experiment == "language_model" else None
-    architecture, files = export(config, params, vocab_size, out, dtype)
+    vocab_size, tokenizer = None, None  # (images)
+    if config.experiment == "language_model":
+        vocab_size = language_model.vocab_size(config, workdir)
+    elif config.experiment == "masked_lm":
+        tokenizer = WordPieceTokenizer.load(workdir / masked_lm.TOKENIZER_DIR)
+        vocab_size = tokenizer.vocab_size
+    architecture, files = export(config, params, vocab_size, out, dtype, tokenizer=tokenizer)
     print(f"{source.description} -> {out}: {architecture} ({dtype}), {', '.join(files)}")
 
 

@@ -5,7 +5,7 @@
                  config.json implies (written once, used both ways)
   gpt2.py, llama.py, vit.py, bert.py   one module per architecture: ARCHITECTURES (transformers' class names),
                  EXPERIMENT (the lm experiment), lm_fields(config.json), rules, hf_config(lm config) for the
-                 ones lm exports
+                 ones lm exports (and bert's save_tokenizer: the run's WordPiece vocabulary)
   source.py      HFSource: init_from=hf:DIR, a ParamSource (lm/train/init_from.py)
   export.py      a run's parameters and config as a Hugging Face folder (python -m lm.cli.export)
 
@@ -18,4 +18,5 @@ from lm.hf import bert, gpt2, llama, vit
 
 MODULES = (gpt2, llama, vit, bert)
 ARCHITECTURES = {name: module for module in MODULES for name in module.ARCHITECTURES}
-EXPORTS = {"language_model": (gpt2, llama), "image_classification": (vit,)}  # experiment -> candidates, in order
+# experiment -> the architectures it exports as, in order of preference
+EXPORTS = {"language_model": (gpt2, llama), "image_classification": (vit,), "masked_lm": (bert,)}

@@ -2,7 +2,8 @@
 loads (python -m lm.cli.export). The architecture is the first of the run's experiment's candidates
 (EXPORTS) whose lm_fields, read back off the config.json written for the run, all hold in the run's
 config: so a run exports exactly when importing the result would give it back. Parameters are written
-from the unrolled layer layout (a scanned run is unstacked), the vocabulary's padding rows cut off.
+from the unrolled layer layout (a scanned run is unstacked), the vocabulary's padding rows cut off; a
+WordPiece tokenizer (a masked_lm run's) is written beside them by the architecture's save_tokenizer.
 """
 
 import pathlib
@@ -12,8 +13,9 @@ import ml_collections
 import numpy as np
 from flax import traverse_util
 
+from lm.data.wordpiece import WordPieceTokenizer
 from lm.errors import UserError
-from lm.hf import EXPORTS
+from lm.hf import ARCHITECTURES, EXPORTS
 from lm.hf.files import write_folder
 from lm.hf.mapping import apply, differences
 from lm.layers.transformer import SCANNED_NAME, unstack_layers
@@ -51,11 +53,16 @@ def hf_checkpoint(config: ml_collections.ConfigDict, params: dict, vocab_size: i
 
 
 def export(config: ml_collections.ConfigDict, params: dict, vocab_size: int | None, out: pathlib.Path,
-           dtype: str = "float32", max_shard_bytes: int = 5 * 2**30) -> tuple[str, list[str]]:
-    """Writes the folder; returns (architecture, the files written)."""
+           dtype: str = "float32", max_shard_bytes: int = 5 * 2**30,
+           tokenizer: WordPieceTokenizer | None = None) -> tuple[str, list[str]]:
+    """Writes the folder (and the tokenizer, given one); returns (architecture, the files written)."""
     if dtype not in DTYPES:
         raise UserError(f"--dtype={dtype}: use one of {', '.join(DTYPES)}")
     hf, tensors = hf_checkpoint(config, params, vocab_size)
     hf["dtype"] = dtype
     tensors = {name: value.astype(DTYPES[dtype]) for name, value in tensors.items()}
-    return hf["architectures"][0], write_folder(out, hf, tensors, max_shard_bytes)
+    architecture = hf["architectures"][0]
+    files = write_folder(out, hf, tensors, max_shard_bytes)
+    if tokenizer is not None:
+        files += ARCHITECTURES[architecture].save_tokenizer(tokenizer, config, out)
+    return architecture, files
