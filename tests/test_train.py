@@ -168,22 +168,24 @@ def test_a_nonfinite_step_leaves_the_weights_and_optimizer_state_alone():
 
 
 def test_diverging_run_stops_with_a_message_or_skips_and_never_saves_nonfinite(tmp_path, data_dir, test_config):
-    """A learning rate of 1e4 sends the loss to ~1e9 at step 2 and to NaN/Inf from step 3 on."""
+    """A learning rate of 1e4 sends the loss to ~1e9 at step 2 and to NaN/Inf from step 3 or 4 on
+    (which one depends on XLA's float optimisations)."""
     from lm.errors import UserError
 
     test_config.optimizer.update(learning_rate=1e4, warmup_steps=0)
     test_config.train.update(num_steps=8, checkpoint_every=2, log_every=4)
     device = jax.devices()[:1]
-    with pytest.raises(UserError, match="NaN/Inf at step 3 .*the checkpoint at step 2 is intact"):
+    with pytest.raises(UserError, match=r"NaN/Inf at step [34] .*the checkpoint at step 2 is intact") as stop:
         train(test_config, str(tmp_path / "stop"), devices=device)
+    first_nonfinite = int(str(stop.value).split("NaN/Inf at step ")[1].split()[0])
     assert sorted(p.name for p in (tmp_path / "stop" / "checkpoints").iterdir() if p.name.isdigit()) == ["2"]
 
     test_config.train.on_nonfinite = "skip"
     summary = train(test_config, str(tmp_path / "skip"), devices=device)
-    assert summary["skipped_steps"] == 6 and summary["step"] == 8
+    assert summary["skipped_steps"] == 9 - first_nonfinite and summary["step"] == 8
     params = restore_params(test_config, _experiment(test_config), tmp_path / "skip")
     assert all(np.isfinite(np.asarray(leaf)).all() for leaf in jax.tree.leaves(params))
-    assert logged(tmp_path / "skip", "nonfinite") == {4: 0.5, 8: 1.0}
+    assert logged(tmp_path / "skip", "nonfinite") == {4: (5 - first_nonfinite) / 4, 8: 1.0}
 
 
 def test_ctrl_c_finishes_the_step_saves_and_the_rerun_resumes_exactly(tmp_path, data_dir, test_config):

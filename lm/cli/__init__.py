@@ -20,6 +20,13 @@ def define_workdir(help_text: str) -> flags.FlagHolder:
     return flags.FlagHolder(flags.FLAGS, flags.FLAGS["workdir"])
 
 
+def define_out(help_text: str) -> flags.FlagHolder:
+    """The --out flag (a folder to write), defined once per process like --workdir."""
+    if "out" not in flags.FLAGS:
+        flags.DEFINE_string("out", None, help_text)
+    return flags.FlagHolder(flags.FLAGS, flags.FLAGS["out"])
+
+
 def fail(message: str) -> None:
     print(f"error: {' '.join(message.split())}", file=sys.stderr)
     sys.exit(EXIT_USER_ERROR)

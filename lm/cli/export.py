@@ -15,12 +15,12 @@ import jax
 from absl import app, flags, logging
 from jax.sharding import SingleDeviceSharding
 
-from lm.cli import define_workdir, parse_flags, run_user_errors
+from lm.cli import define_out, define_workdir, parse_flags, run_user_errors
 from lm.errors import UserError
 from lm.runs import CONFIG_FILE
 
 _WORKDIR = define_workdir("A run folder written by lm.main.")
-_OUT = flags.DEFINE_string("out", None, "The folder to write the Hugging Face checkpoint to.", required=True)
+_OUT = define_out("The folder to write the Hugging Face checkpoint to (required).")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "The stored dtype of the parameters.")
 
 
@@ -54,7 +54,13 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.WARNING)
-    run_user_errors(lambda: export_run(pathlib.Path(_WORKDIR.value), pathlib.Path(_OUT.value), _DTYPE.value))
+
+    def export_to_out():
+        if not _OUT.value:
+            raise UserError("--out is required: the folder to write the Hugging Face checkpoint to")
+        export_run(pathlib.Path(_WORKDIR.value), pathlib.Path(_OUT.value), _DTYPE.value)
+
+    run_user_errors(export_to_out)
 
 
 def run() -> None:
