@@ -89,19 +89,18 @@ def test_gradient_accumulation_matches_the_full_batch(tmp_path, data_dir, test_c
 
 
 def test_mixture_of_experts_trains_sharded_over_experts_and_logs_routing(tmp_path, data_dir, test_config):
+    """The trainer on a data 2 x expert 4 mesh: parameter counts and routing metrics. (That the sharded
+    layer computes what one device does: tests/test_moe.py.)"""
     test_config.model.moe.update(num_experts=4, every=1, top_k=2, capacity_factor=1.0)
-    test_config.train.num_steps = 6
-    test_config.train.log_every = 1
-    one = train(test_config, str(tmp_path / "one"), devices=jax.devices()[:1])
+    test_config.train.update(num_steps=4, log_every=1)
     test_config.mesh.update(data=2, expert=4)
-    mesh = train(test_config, str(tmp_path / "mesh"), devices=jax.devices())
-    np.testing.assert_allclose(list(logged(tmp_path / "mesh").values()), list(logged(tmp_path / "one").values()),
-                               rtol=2e-5)
+    summary = train(test_config, str(tmp_path), devices=jax.devices())
     # Two MoE blocks of 4 experts, 2 active per token: 2 x 2 idle experts, each a 32 -> 128 -> 32 MLP.
     expert_size = (32 * 128 + 128) + (128 * 32 + 32)
-    assert one["num_params"] - one["active_params"] == 2 * 2 * expert_size
-    assert one["num_params"] == mesh["num_params"]
-    record = json.loads((tmp_path / "one" / "metrics.jsonl").read_text().splitlines()[1])
+    assert summary["num_params"] - summary["active_params"] == 2 * 2 * expert_size
+    losses = logged(tmp_path)
+    assert sorted(losses) == [1, 2, 3, 4] and losses[4] < losses[1]
+    record = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[1])
     fractions = [record[f"moe_expert_{e}_fraction"] for e in range(4)]
     assert sum(fractions) == pytest.approx(1.0, abs=1e-5)
     assert 0 < record["moe_dropped_fraction"] < 0.5  # capacity factor 1: some tokens overflow
