@@ -55,6 +55,9 @@ def get_config(variant: str = "124m") -> ml_collections.ConfigDict:
     config.data.val_file = "openwebtext/val.bin"
     config.data.token_dtype = "uint16"
     config.data.vocab_size = 50257  # GPT-2 BPE
+    # The tokenizer.json the token files were made with ("": none, only ids): absolute or relative to
+    # $LM_DATA_DIR. Saved into the run, so that lm.sample prints text; its vocabulary must be vocab_size.
+    config.data.tokenizer = ""
     config.data.context_length = 1024
 
     config.model = transformer_options(num_layers=12, num_heads=12, num_kv_heads=12, embed_dim=768,
@@ -91,6 +94,14 @@ def get_config(variant: str = "124m") -> ml_collections.ConfigDict:
             config.model.update(remat="dots_no_batch", loss_chunk=256, scan_layers=True)
             config.optimizer.learning_rate = {"350m": 3e-4, "774m": 2.5e-4}[variant]
             config.optimizer.min_learning_rate = config.optimizer.learning_rate / 10
+    elif variant == "bpe_small":
+        config.data.update(vocab_size=2048, context_length=128)
+        config.model.update(num_layers=4, num_heads=4, num_kv_heads=4, embed_dim=128, compute_dtype="float32")
+        config.train.update(batch_size=16, grad_accum_steps=1, num_steps=1000, log_every=50, checkpoint_every=500)
+        config.optimizer.update(learning_rate=1e-3, min_learning_rate=1e-4, warmup_steps=50, decay_steps=1000,
+                                b2=0.99)
+        config.eval.update(every=250, batch_size=32, num_batches=8)
+        config.sample.update(max_new_tokens=100)
     elif variant == "test":
         config.data.update(dataset="synthetic", vocab_size=500, context_length=64)
         config.model.update(num_layers=2, num_heads=4, num_kv_heads=4, embed_dim=64, loss_chunk=16, scan_layers=True)
@@ -98,5 +109,5 @@ def get_config(variant: str = "124m") -> ml_collections.ConfigDict:
         config.optimizer.update(warmup_steps=2, decay_steps=20)
         config.eval.update(every=10, batch_size=8, num_batches=2)
     else:
-        raise ValueError(f"unknown variant {variant!r} of gpt2: use 124m, 350m, 774m or test")
+        raise ValueError(f"unknown variant {variant!r} of gpt2: use 124m, 350m, 774m, bpe_small or test")
     return config
