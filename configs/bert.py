@@ -1,0 +1,80 @@
+"""BERT pretraining: masked LM (15% of tokens: 80% [MASK], 10% random, 10% kept) plus next-sentence
+prediction, on sentence pairs packed to data.max_seq_len from the English corpus in $LM_DATA_DIR/corpus
+(experiments/masked_lm.py, lm/data/masked_lm.py, lm/models/bert.py; docs/bert.md).
+
+Variants (pick one after the colon); sizes from lm/models/bert.py BERT_SIZES (layers / width / heads):
+
+  tiny   2 / 64 / 2, a 1000-piece WordPiece vocabulary trained on the fly on 20 speeches, sequences of
+         64, 30 steps: for tests, seconds.
+         python -m lm.main --config=configs/bert.py:tiny --workdir=/tmp/bert_tiny
+  mini   4 / 256 / 4 (BERT-Mini), bert-base-uncased's vocabulary, sequences of 128, batch 32: the CPU model.
+         python -m lm.main --config=configs/bert.py:mini --workdir=runs/bert_mini
+  small  4 / 512 / 8 (BERT-Small), batch 128.
+         python -m lm.main --config=configs/bert.py:small --workdir=runs/bert_small
+  base   12 / 768 / 12 (BERT-Base, 110M parameters), batch 256, for an accelerator.
+         python -m lm.main --config=configs/bert.py:base --workdir=runs/bert_base
+  large  24 / 1024 / 16 (BERT-Large, 340M parameters), batch 256, for an accelerator.
+         python -m lm.main --config=configs/bert.py:large --workdir=runs/bert_large
+
+Tokenizer: data.vocab names a vocab.txt ("bert-base-uncased": $LM_DATA_DIR/vocab/bert-base-uncased-vocab.txt,
+or a path), or data.vocab="" with data.vocab_size=N trains an N-piece WordPiece vocabulary on the training
+documents; either way the run saves it as <workdir>/tokenizer/tokenizer.json.
+Every shared block option can be switched, e.g. --config.model.position=rope --config.model.norm_position=pre.
+"""
+
+import ml_collections
+
+from lm import sharding
+from lm.models.bert import bert_options
+from lm.train.options import optimizer_options, run_options, train_options
+
+VARIANTS = ("tiny", "mini", "small", "base", "large")
+
+
+def get_config(variant: str = "mini") -> ml_collections.ConfigDict:
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r} of bert: use one of {', '.join(VARIANTS)}")
+    config = run_options("masked_lm")
+
+    config.data = ml_collections.ConfigDict()
+    config.data.corpus = ("gutenberg_books", "us_presidential_speeches")  # $LM_DATA_DIR/corpus/<name>.txt.gz
+    config.data.max_documents = 0  # per corpus file, the first ones (0: all)
+    config.data.eval_documents = 6  # held out for eval, drawn with seed 0 from all the documents
+    config.data.vocab = "bert-base-uncased"  # a vocab.txt name or path; "" trains one of vocab_size pieces
+    config.data.vocab_size = 0
+    config.data.max_seq_len = 128  # [CLS] A [SEP] B [SEP], padded
+    config.data.short_seq_prob = 0.1  # pairs shorter than max_seq_len, drawn at random (as BERT's data)
+    config.data.mask_prob = 0.15  # of the non-special tokens
+    config.data.max_predictions = 20  # masked positions per sequence the head predicts (BERT's per 128)
+
+    # BERT's block options (post-norm, erf GELU, LayerNorm eps 1e-12, N(0, 0.02)) and the encoder size.
+    config.model = bert_options(variant)
+
+    config.optimizer = optimizer_options(learning_rate=1e-4, min_learning_rate=1e-5, warmup_steps=1000,
+                                         decay_steps=100_000, weight_decay=0.01)
+    config.train = train_options(batch_size=256, num_steps=100_000, log_every=100, checkpoint_every=5000)
+
+    config.eval = ml_collections.ConfigDict()
+    config.eval.every = 1000
+    config.eval.batch_size = 64
+    config.eval.num_batches = 8
+
+    config.mesh = sharding.mesh_options()
+    config.sharding_rules = sharding.DEFAULT_RULES
+
+    if variant == "tiny":
+        config.model.update(dropout=0.0, attention_dropout=0.0, max_positions=64)
+        config.data.update(corpus=("us_presidential_speeches",), max_documents=20, eval_documents=2, vocab="",
+                           vocab_size=1000, max_seq_len=64, max_predictions=10)
+        config.train.update(batch_size=16, num_steps=30, log_every=10, checkpoint_every=30)
+        config.optimizer.update(learning_rate=3e-3, min_learning_rate=3e-4, warmup_steps=3, decay_steps=30,
+                                weight_decay=0.0)
+        config.eval.update(every=15, batch_size=16, num_batches=2)
+    elif variant == "mini":
+        config.train.update(batch_size=32, num_steps=2000, log_every=50, checkpoint_every=500)
+        config.optimizer.update(learning_rate=5e-4, min_learning_rate=5e-5, warmup_steps=100, decay_steps=2000)
+        config.eval.update(every=250, batch_size=32, num_batches=8)
+    elif variant == "small":
+        config.train.update(batch_size=128, num_steps=20_000, log_every=100, checkpoint_every=2000)
+        config.optimizer.update(learning_rate=3e-4, warmup_steps=500, decay_steps=20_000)
+    return config
