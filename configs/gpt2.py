@@ -97,10 +97,10 @@ def get_config(variant: str = "124m") -> ml_collections.ConfigDict:
     elif variant == "bpe_small":
         config.data.update(vocab_size=2048, context_length=128)
         config.model.update(num_layers=4, num_heads=4, num_kv_heads=4, embed_dim=128, compute_dtype="float32")
-        config.train.update(batch_size=16, grad_accum_steps=1, num_steps=1000, log_every=50, checkpoint_every=500)
-        config.optimizer.update(learning_rate=1e-3, min_learning_rate=1e-4, warmup_steps=50, decay_steps=1000,
+        config.train.update(batch_size=16, grad_accum_steps=1, num_steps=600, log_every=50, checkpoint_every=300)
+        config.optimizer.update(learning_rate=1e-3, min_learning_rate=1e-4, warmup_steps=50, decay_steps=600,
                                 b2=0.99)
-        config.eval.update(every=250, batch_size=32, num_batches=8)
+        config.eval.update(every=200, batch_size=32, num_batches=8)
         config.sample.update(max_new_tokens=100)
     elif variant == "test":
         config.data.update(dataset="synthetic", vocab_size=500, context_length=64)

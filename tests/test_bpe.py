@@ -1,6 +1,7 @@
-"""Byte-level BPE (lm.data.bpe) and text-level GPT: ids equal to Hugging Face transformers' on fixture
-sentences (tests/fixtures/tokenizers/ids.json, written by make_fixtures.py there), a trained BPE that
-round-trips any text, lm.cli.prepare's token files, and prepare -> train -> sample end to end."""
+"""Byte-level BPE (lm.data.bpe) and text-level GPT: GPT-2 BPE and BERT WordPiece (lm.data.wordpiece) ids
+equal to Hugging Face transformers' on fixture sentences (tests/fixtures/tokenizers/ids.json, written by
+make_fixtures.py there), a trained BPE that round-trips any text, lm.cli.prepare's token files, and
+prepare -> train -> sample end to end."""
 
 import json
 import math
@@ -39,6 +40,17 @@ def test_gpt2_ids_equal_transformers(gpt2):
         ids = gpt2.encode(case["text"])
         assert ids.dtype == np.int32 and ids.tolist() == case["gpt2"], case["text"]
         assert gpt2.decode(ids) == case["text"]
+
+
+def test_bert_wordpiece_ids_equal_transformers(data_dir):
+    from lm.data.wordpiece import WordPieceTokenizer
+
+    wordpiece = WordPieceTokenizer.from_vocab("bert-base-uncased")
+    assert wordpiece.vocab_size == 30522
+    for case in FIXTURES["cases"]:
+        ids = wordpiece.encode(case["text"])
+        assert ids == case["bert_uncased"], case["text"]
+        assert wordpiece.id_pieces(ids) == case["bert_uncased_pieces"], case["text"]
 
 
 def test_trained_bpe_round_trips_any_text(trained, tmp_path):
