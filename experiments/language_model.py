@@ -1,5 +1,6 @@
 """Language modelling: next-token prediction with a GPT on a character-level corpus, a pre-tokenised
-token file (nanoGPT's train.bin / val.bin) or synthetic random ids (for throughput runs)."""
+token file (nanoGPT's train.bin / val.bin, with its tokenizer when data.tokenizer names one: what
+`python -m lm.cli.prepare` writes) or synthetic random ids (for throughput runs)."""
 
 import pathlib
 
@@ -8,7 +9,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from lm.data import text, tokens
+from lm.data import bpe, text, tokens
 from lm.decode.generate import generate
 from lm.errors import UserError
 from lm.layers.moe import parameter_counts
@@ -17,7 +18,8 @@ from lm.models.config import transformer_config
 from lm.models.gpt import GPT, GPTConfig, flops_per_token
 
 TOKENIZER_FILE = "tokenizer.json"
-TOKEN_SOURCES = ("token_file", "synthetic")  # data.dataset values that give token ids, no tokenizer
+TOKEN_SOURCES = ("token_file", "synthetic")  # data.dataset values that give token ids (a tokenizer optional)
+TOKENIZER_FORMAT = "a tokenizer.json as python -m lm.cli.prepare writes it"
 
 
 def gpt_config(config: ml_collections.ConfigDict, vocab_size: int) -> GPTConfig:
@@ -38,13 +40,13 @@ class LanguageModel:
     def __init__(
         self,
         config: ml_collections.ConfigDict,
-        tokenizer: text.CharTokenizer | None,
+        tokenizer: text.CharTokenizer | bpe.BPETokenizer | None,
         train_tokens: np.ndarray | None = None,
         val_tokens: np.ndarray | None = None,
     ):
-        """tokenizer: the character vocabulary of a text corpus, or None for token ids (a token file,
-        synthetic), whose vocabulary is data.vocab_size. train_tokens, val_tokens: (N,) ids (memory-
-        mapped for a token file; None for synthetic ids and for sampling)."""
+        """tokenizer: the character vocabulary of a text corpus, a token file's (data.tokenizer), or None
+        for token ids without one (whose vocabulary is data.vocab_size). train_tokens, val_tokens: (N,)
+        ids (memory-mapped for a token file; None for synthetic ids and for sampling)."""
         self.config = config
         self.tokenizer = tokenizer
         self.train_tokens = train_tokens
@@ -108,7 +110,7 @@ class LanguageModel:
         return flops_per_token(self.model.config, active_params) * self.config.data.context_length
 
     def save_assets(self, workdir: pathlib.Path) -> None:
-        if self.tokenizer is not None:  # token ids: nothing to decode them with
+        if self.tokenizer is not None:  # token ids without data.tokenizer: nothing to decode them with
             self.tokenizer.save(workdir / TOKENIZER_FILE)
 
     def sample(self, params, prompt: str, max_new_tokens: int, temperature: float, top_k: int,
@@ -148,8 +150,12 @@ class LanguageModel:
 def build(config: ml_collections.ConfigDict) -> LanguageModel:
     """By data.dataset: a text corpus (tinyshakespeare) is read, its character vocabulary fitted and
     split train/val; a token file memory-maps data.train_file and data.val_file (data.token_dtype
-    ids, each < data.vocab_size); synthetic reads nothing (random ids < data.vocab_size)."""
+    ids, each < data.vocab_size), with data.tokenizer's tokenizer when set (its vocabulary must be
+    data.vocab_size); synthetic reads nothing (random ids < data.vocab_size)."""
     d = config.data
+    if d.get("tokenizer") and d.dataset != "token_file":
+        raise UserError(f"data.tokenizer is for data.dataset='token_file' (the ids it wrote), not "
+                        f"{d.dataset!r}: drop data.tokenizer")
     if d.dataset in text.DATASETS:
         corpus = text.load_text(d.dataset)
         tokenizer = text.CharTokenizer.fit(corpus)
@@ -163,6 +169,7 @@ def build(config: ml_collections.ConfigDict) -> LanguageModel:
                         f"int, e.g. 50257 for GPT-2 BPE), not {vocab_size!r}")
     if d.dataset == "synthetic":
         return LanguageModel(config, None)
+    tokenizer = token_file_tokenizer(d) if d.get("tokenizer") else None
     opened = []
     for field in ("train_file", "val_file"):
         if not d.get(field):
@@ -170,12 +177,23 @@ def build(config: ml_collections.ConfigDict) -> LanguageModel:
                             "relative to $LM_DATA_DIR")
         opened.append(tokens.open_tokens(d[field], d.get("token_dtype", "uint16"), d.context_length,
                                          vocab_size, f"data.{field}"))
-    return LanguageModel(config, None, *opened)
+    return LanguageModel(config, tokenizer, *opened)
+
+
+def token_file_tokenizer(data: ml_collections.ConfigDict) -> bpe.BPETokenizer:
+    """data.tokenizer's tokenizer; UserError if its vocabulary is not data.vocab_size."""
+    path = tokens.find_token_file(data.tokenizer, "data.tokenizer", TOKENIZER_FORMAT)
+    tokenizer = bpe.BPETokenizer.load(path)
+    if tokenizer.vocab_size != data.vocab_size:
+        raise UserError(f"data.vocab_size={data.vocab_size} but data.tokenizer={data.tokenizer} has "
+                        f"{tokenizer.vocab_size} ids: set --config.data.vocab_size={tokenizer.vocab_size}")
+    return tokenizer
 
 
 def no_tokenizer(config: ml_collections.ConfigDict) -> str:
     return (f"this run was trained on token ids (data.dataset={config.data.dataset!r}) and has no tokenizer "
-            "to decode text: sampling needs a run trained on text (data.dataset='tinyshakespeare')")
+            "to decode text: sampling needs a run trained on text (data.dataset='tinyshakespeare') or on "
+            "token files with their data.tokenizer (python -m lm.cli.prepare writes both)")
 
 
 def vocab_size(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> int:
@@ -187,7 +205,9 @@ def vocab_size(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> int:
 
 def from_workdir(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> LanguageModel:
     """The experiment for sampling: tokenizer from the workdir, no corpus needed. A run trained on
-    token ids has no tokenizer: a UserError."""
-    if config.data.dataset in TOKEN_SOURCES:
+    token ids without data.tokenizer has no tokenizer: a UserError."""
+    if config.data.dataset not in TOKEN_SOURCES:
+        return LanguageModel(config, text.CharTokenizer.load(workdir / TOKENIZER_FILE))
+    if not config.data.get("tokenizer"):
         raise UserError(f"{workdir}: {no_tokenizer(config)}")
-    return LanguageModel(config, text.CharTokenizer.load(workdir / TOKENIZER_FILE))
+    return LanguageModel(config, bpe.BPETokenizer.load(workdir / TOKENIZER_FILE))

@@ -11,20 +11,20 @@ from lm.errors import UserError
 EXIT_USER_ERROR = 2
 
 
+def define_string_once(name: str, help_text: str, required: bool = False) -> flags.FlagHolder:
+    """A string flag (default None) that several CLIs have, e.g. --workdir, --out. Defined once per
+    process (tests import several CLIs side by side; in a real run only one defines it, with its own
+    help text)."""
+    if name not in flags.FLAGS:
+        flags.DEFINE_string(name, None, help_text)
+        if required:
+            flags.mark_flag_as_required(name)
+    return flags.FlagHolder(flags.FLAGS, flags.FLAGS[name])
+
+
 def define_workdir(help_text: str) -> flags.FlagHolder:
-    """The required --workdir flag of a CLI. Defined once per process (tests import several CLIs
-    side by side; in a real run only one defines it, with its own help text)."""
-    if "workdir" not in flags.FLAGS:
-        flags.DEFINE_string("workdir", None, help_text)
-        flags.mark_flag_as_required("workdir")
-    return flags.FlagHolder(flags.FLAGS, flags.FLAGS["workdir"])
-
-
-def define_out(help_text: str) -> flags.FlagHolder:
-    """The --out flag (a folder to write), defined once per process like --workdir."""
-    if "out" not in flags.FLAGS:
-        flags.DEFINE_string("out", None, help_text)
-    return flags.FlagHolder(flags.FLAGS, flags.FLAGS["out"])
+    """The required --workdir flag of a CLI."""
+    return define_string_once("workdir", help_text, required=True)
 
 
 def fail(message: str) -> None:

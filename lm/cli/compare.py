@@ -27,13 +27,13 @@ import pathlib
 import numpy as np
 from absl import app, flags
 
-from lm.cli import define_out, parse_flags, run_user_errors
+from lm.cli import define_string_once, parse_flags, run_user_errors
 from lm.errors import UserError
 from lm.runs import CONFIG_FILE, METRICS_FILE, RESULTS_FILE, SUMMARY_FILE
 
 SPIKE_NATS = 1.0  # the default --spike
 
-_OUT = define_out("Where report.md and the plots go (default: the runs directory).")
+_OUT = define_string_once("out", "Where report.md and the plots go (default: the runs directory).")
 _GROUP_BY = flags.DEFINE_list("group_by", None, "Config keys that name a group (default: every key that "
                               "differs across the runs except seed).")
 _SPIKE = flags.DEFINE_float("spike", SPIKE_NATS, "A train loss this many nats above the running minimum "

@@ -15,12 +15,12 @@ import jax
 from absl import app, flags, logging
 from jax.sharding import SingleDeviceSharding
 
-from lm.cli import define_out, define_workdir, parse_flags, run_user_errors
+from lm.cli import define_string_once, define_workdir, parse_flags, run_user_errors
 from lm.errors import UserError
 from lm.runs import CONFIG_FILE
 
 _WORKDIR = define_workdir("A run folder written by lm.main.")
-_OUT = define_out("The folder to write the Hugging Face checkpoint to (required).")
+_OUT = define_string_once("out", "The folder to write the Hugging Face checkpoint to (required).")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "The stored dtype of the parameters.")
 
 

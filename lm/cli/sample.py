@@ -33,9 +33,11 @@ def main(argv: list[str]) -> None:
             raise UserError(f"--top_p={_TOP_P.value}: use a probability in (0, 1]")
         experiment, params = load_run(pathlib.Path(_WORKDIR.value), "language_model")
         try:
-            experiment.tokenizer.encode(_PROMPT.value)
+            prompt_ids = experiment.tokenizer.encode(_PROMPT.value)
         except ValueError as e:
             raise UserError(f"--prompt: {e}") from e
+        if len(prompt_ids) == 0:
+            raise UserError("--prompt is empty: give at least one character to continue (the default is a newline)")
         for i in range(_NUM_SAMPLES.value):
             text = experiment.sample(
                 params, _PROMPT.value, _MAX_NEW_TOKENS.value, _TEMPERATURE.value, _TOP_K.value,

@@ -24,16 +24,17 @@ TRAIN_STREAM, EVAL_STREAM = 0, 1  # synthetic ids: the first entropy word, so ev
 FILE_FORMAT = "a raw array of little-endian token ids, as nanoGPT's data/*/prepare.py writes"
 
 
-def find_token_file(path: str, field: str) -> pathlib.Path:
+def find_token_file(path: str, field: str, what: str = FILE_FORMAT) -> pathlib.Path:
     """path if absolute, else $LM_DATA_DIR/path (or the download cache); field names the config
-    option it came from. A missing file is a UserError naming where it looked."""
-    how = f"or give {field} as an absolute path; the file is {FILE_FORMAT}"
+    option it came from, what says what the file holds. A missing file is a UserError naming where
+    it looked."""
+    how = f"or give {field} as an absolute path; the file is {what}"
     candidate = pathlib.Path(path).expanduser()
     if not candidate.is_absolute():
         return find_file(path, how=how)
     if not candidate.is_file():
         raise UserError(f"data file {candidate} not found ({field}); give a path that exists, absolute or "
-                        f"relative to $LM_DATA_DIR: {FILE_FORMAT}")
+                        f"relative to $LM_DATA_DIR: {what}")
     return candidate
 
 

@@ -1,0 +1,109 @@
+"""Byte-level BPE (GPT-2's tokenization) through the Hugging Face `tokenizers` library.
+
+  pre-tokenizer  ByteLevel: GPT-2's regex split (contractions, letters, numbers, other symbols,
+                 whitespace runs), then every UTF-8 byte mapped to a printable character ('Ġ' is a space)
+  model          BPE over those byte characters: merges applied by priority; no unknown token, since
+                 every byte is in the base vocabulary
+  decoder        ByteLevel: the characters back to bytes, the bytes to UTF-8 text
+
+A tokenizer comes from OpenAI's GPT-2 files (vocab.json + merges.txt: `from_gpt2`, ids equal to
+Hugging Face's GPT-2 tokenizer), from training on texts (`train`: 256 byte tokens, <|endoftext|> and
+learnt merges), or from a saved tokenizer.json (`load`). Any text round-trips: decode(encode(x)) == x.
+The interface is text.CharTokenizer's (vocab_size, encode, decode, save, load), so the language model
+holds either.
+"""
+
+import gzip
+import json
+import pathlib
+from collections.abc import Iterable
+
+import numpy as np
+import tokenizers
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
+from lm.data.files import find_file
+from lm.errors import UserError
+
+END_OF_TEXT = "<|endoftext|>"  # GPT-2's document separator: id 50256 in GPT-2's files, 0 in a trained vocabulary
+GPT2_VOCAB = "vocab/gpt2-vocab.json.gz"  # under $LM_DATA_DIR: OpenAI's encoder.json, gzipped
+GPT2_MERGES = "vocab/gpt2-merges.txt"  # OpenAI's vocab.bpe: '#version: 0.2', then one merge 'a b' a line
+GPT2_HOW = ("GPT-2's vocab.json (gzipped) and merges.txt, e.g. from the Hugging Face hub's openai-community/gpt2 "
+            "(see shared/data/README.md, vocab/)")
+MIN_VOCAB_SIZE = 256 + 1  # every byte, and <|endoftext|>
+
+
+def byte_level_pipeline(model: models.BPE) -> tokenizers.Tokenizer:
+    """GPT-2's pipeline around a BPE model: ByteLevel pre-tokenizer (no prefix space) and decoder, and
+    <|endoftext|> matched as one special token wherever it appears in a text."""
+    tokenizer = tokenizers.Tokenizer(model)
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens([END_OF_TEXT])
+    return tokenizer
+
+
+def read_gpt2_files(vocab_path: pathlib.Path, merges_path: pathlib.Path) -> tuple[dict[str, int], list[tuple]]:
+    """(vocabulary {token: id}, merges [(a, b)] by priority) from GPT-2's vocab.json (gzipped or not)
+    and merges.txt; an unreadable file is a UserError naming it."""
+    try:
+        opener = gzip.open if vocab_path.suffix == ".gz" else open
+        with opener(vocab_path, "rt", encoding="utf-8") as f:
+            vocab = json.load(f)
+        lines = merges_path.read_text(encoding="utf-8").splitlines()
+    except (OSError, EOFError, UnicodeDecodeError, ValueError) as e:
+        raise UserError(f"cannot read GPT-2's tokenizer files {vocab_path}, {merges_path} ({e}); replace them "
+                        f"with {GPT2_HOW}") from e
+    merges = [tuple(line.split(" ")) for line in lines if line and not line.startswith("#version")]
+    return vocab, merges
+
+
+class BPETokenizer:
+    """A byte-level BPE tokenizer (a tokenizers.Tokenizer, `.tokenizer`, for anything not wrapped here)."""
+
+    def __init__(self, tokenizer: tokenizers.Tokenizer):
+        self.tokenizer = tokenizer
+        self.end_of_text_id = tokenizer.token_to_id(END_OF_TEXT)
+
+    @classmethod
+    def from_gpt2(cls) -> "BPETokenizer":
+        """GPT-2's tokenizer (50,257 ids) from $LM_DATA_DIR/vocab/gpt2-vocab.json.gz and gpt2-merges.txt."""
+        vocab, merges = read_gpt2_files(find_file(GPT2_VOCAB, how=GPT2_HOW), find_file(GPT2_MERGES, how=GPT2_HOW))
+        return cls(byte_level_pipeline(models.BPE(vocab, merges)))
+
+    @classmethod
+    def train(cls, texts: Iterable[str], vocab_size: int) -> "BPETokenizer":
+        """A vocabulary of at most vocab_size ids learnt from texts: <|endoftext|> (id 0), the 256 bytes,
+        then merges by frequency (fewer when the texts run out of pairs)."""
+        if vocab_size < MIN_VOCAB_SIZE:
+            raise UserError(f"vocab_size={vocab_size} is too small for a byte-level BPE: it needs at least "
+                            f"{MIN_VOCAB_SIZE} (256 bytes + {END_OF_TEXT}); GPT-2 has 50257")
+        tokenizer = byte_level_pipeline(models.BPE())
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[END_OF_TEXT], show_progress=False,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        tokenizer.train_from_iterator(texts, trainer)
+        return cls(tokenizer)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size()
+
+    def encode(self, text: str) -> np.ndarray:
+        """(N,) int32 ids of text; <|endoftext|> in the text is its one special id."""
+        return np.array(self.tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.int32)
+
+    def decode(self, ids) -> str:
+        """The text of ids, <|endoftext|> included (bytes that are not whole UTF-8 characters become U+FFFD)."""
+        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def save(self, path: pathlib.Path) -> None:
+        """Writes the whole pipeline as Hugging Face's tokenizer.json."""
+        self.tokenizer.save(str(path))
+
+    @classmethod
+    def load(cls, path: pathlib.Path) -> "BPETokenizer":
+        try:
+            return cls(tokenizers.Tokenizer.from_file(str(path)))
+        except Exception as e:  # the library raises plain Exception for a missing or malformed file
+            raise UserError(f"cannot load the tokenizer {path} ({e}): give a tokenizer.json written by "
+                            "python -m lm.cli.prepare") from e
