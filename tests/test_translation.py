@@ -20,15 +20,17 @@ def get_config(name: str, variant: str = "test"):
 
 
 @pytest.mark.parametrize(
-    "config_name, overrides",
+    "config_name, overrides, beam_sizes",
     [
-        ("translate_rnn", {}),  # de -> en, sentencepiece
-        ("translate_transformer", {"tokenizer": "word", "min_freq": 20, "source_lang": "en", "target_lang": "de"}),
+        ("translate_rnn", {}, (1,)),  # de -> en, sentencepiece, greedy
+        ("translate_transformer", {"tokenizer": "word", "min_freq": 20, "source_lang": "en", "target_lang": "de"},
+         (2,)),
     ],
 )
-def test_translation_trains_and_scores_the_test_split(tmp_path, data_dir, config_name, overrides):
+def test_translation_trains_and_scores_the_test_split(tmp_path, data_dir, config_name, overrides, beam_sizes):
     config = get_config(config_name)
     config.data.update(overrides)
+    config.eval.beam_sizes = beam_sizes  # one decoding of the 1000 test sentences each
     summary = train(config, str(tmp_path), devices=jax.devices()[:1])
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     eval_loss = {r["step"]: r["eval_loss"] for r in records if "eval_loss" in r}
@@ -86,8 +88,10 @@ def test_tiny_model_overfits_32_pairs_and_greedy_decodes_them(rnn_experiment, ar
         return optax.apply_updates(params, updates), opt_state, metrics
 
     opt_state = optimizer.init(params)
-    for _ in range(300):
+    for i in range(300):
         params, opt_state, metrics = step(params, opt_state)
+        if i % 10 == 9 and metrics["accuracy"] == 1.0:  # memorised: the decoding below is the real check
+            break
     assert metrics["accuracy"] == 1.0, metrics
 
     sources = [experiment.source_tokenizer.decode(row) for row in batch["source"]]
