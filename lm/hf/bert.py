@@ -19,13 +19,12 @@ import ml_collections
 
 from lm.data.wordpiece import WordPieceTokenizer
 from lm.hf.mapping import (
-    HF_ACTIVATIONS,
     Fields,
     Rule,
-    config_value,
     copy,
     dense,
-    mlp_kind,
+    encoder_config,
+    encoder_fields,
     norm,
     padded_vocab,
     unsupported,
@@ -45,18 +44,8 @@ def lm_fields(hf: dict) -> Fields:
     if hf.get("is_decoder") or hf.get("add_cross_attention"):
         raise unsupported("is_decoder", True, "lm's BERT is a bidirectional encoder")
     return {
-        "model.num_layers": (hf["num_hidden_layers"], "num_hidden_layers"),
-        "model.num_heads": (hf["num_attention_heads"], "num_attention_heads"),
-        "model.num_kv_heads": (hf["num_attention_heads"], "num_attention_heads"),
-        "model.embed_dim": (hf["hidden_size"], "hidden_size"),
-        "model.mlp": (mlp_kind(hf, "hidden_act", "gelu"), "hidden_act"),
-        "model.mlp_hidden_dim": (hf["intermediate_size"], "intermediate_size"),
-        "model.norm": ("layer", ""),
-        "model.norm_position": ("post", ""),
-        "model.norm_epsilon": (hf.get("layer_norm_eps", 1e-12), "layer_norm_eps"),
-        "model.position": ("learned", ""),
+        **encoder_fields(hf, "post"),
         "model.use_bias": (True, ""),
-        "model.moe.num_experts": (0, ""),
         "model.max_positions": (hf["max_position_embeddings"], "max_position_embeddings"),
         "model.type_vocab_size": (hf.get("type_vocab_size", 2), "type_vocab_size"),
     }
@@ -96,10 +85,7 @@ def hf_config(config: ml_collections.ConfigDict, vocab_size: int) -> dict:
     m = config.model
     return {
         "architectures": [ARCHITECTURES[0]], "model_type": "bert", "vocab_size": vocab_size,
-        "hidden_size": m.embed_dim, "num_hidden_layers": m.num_layers, "num_attention_heads": m.num_heads,
-        "intermediate_size": config_value(config, "model.mlp_hidden_dim"),
-        "hidden_act": HF_ACTIVATIONS.get(m.mlp, "gelu"), "hidden_dropout_prob": m.dropout,
-        "attention_probs_dropout_prob": m.attention_dropout, "layer_norm_eps": m.norm_epsilon,
+        **encoder_config(config),
         "max_position_embeddings": m.max_positions, "type_vocab_size": m.type_vocab_size,
         "position_embedding_type": "absolute", "tie_word_embeddings": True,
     }

@@ -123,6 +123,35 @@ def config_value(config: ml_collections.ConfigDict, key: str) -> Any:
     return node
 
 
+def encoder_fields(hf: dict, norm_position: str) -> Fields:
+    """The fields of a BERT-style encoder's config.json (BertConfig, ViTConfig name them alike): LayerNorm
+    blocks, multi-head attention, learned positions, no experts; norm_position is the architecture's."""
+    return {
+        "model.num_layers": (hf["num_hidden_layers"], "num_hidden_layers"),
+        "model.num_heads": (hf["num_attention_heads"], "num_attention_heads"),
+        "model.num_kv_heads": (hf["num_attention_heads"], "num_attention_heads"),
+        "model.embed_dim": (hf["hidden_size"], "hidden_size"),
+        "model.mlp": (mlp_kind(hf, "hidden_act", "gelu"), "hidden_act"),
+        "model.mlp_hidden_dim": (hf["intermediate_size"], "intermediate_size"),
+        "model.norm": ("layer", ""),
+        "model.norm_position": (norm_position, ""),
+        "model.norm_epsilon": (hf.get("layer_norm_eps", 1e-12), "layer_norm_eps"),
+        "model.position": ("learned", ""),
+        "model.moe.num_experts": (0, ""),
+    }
+
+
+def encoder_config(config: ml_collections.ConfigDict) -> dict:
+    """The config.json entries of encoder_fields, from a run's config."""
+    m = config.model
+    return {
+        "hidden_size": m.embed_dim, "num_hidden_layers": m.num_layers, "num_attention_heads": m.num_heads,
+        "intermediate_size": config_value(config, "model.mlp_hidden_dim"),
+        "hidden_act": HF_ACTIVATIONS.get(m.mlp, "gelu"), "hidden_dropout_prob": m.dropout,
+        "attention_probs_dropout_prob": m.attention_dropout, "layer_norm_eps": m.norm_epsilon,
+    }
+
+
 def differences(fields: Fields, config: ml_collections.ConfigDict) -> list[tuple[str, Any, Any, str]]:
     """(key, this config's value, the implied value, its config.json field) for every field that differs;
     a key the config does not have (data.vocab_size of a text corpus) is not compared."""

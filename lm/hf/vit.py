@@ -15,13 +15,12 @@ import ml_collections
 
 from lm.data import images
 from lm.hf.mapping import (
-    HF_ACTIVATIONS,
     Fields,
     Rule,
-    config_value,
     copy,
     dense,
-    mlp_kind,
+    encoder_config,
+    encoder_fields,
     norm,
     one_to_one,
     unsupported,
@@ -37,20 +36,10 @@ def lm_fields(hf: dict) -> Fields:
     if not hf.get("qkv_bias", True):
         raise unsupported("qkv_bias", False, "model.use_bias gives the attention and the MLP biases together")
     return {
-        "model.num_layers": (hf["num_hidden_layers"], "num_hidden_layers"),
-        "model.num_heads": (hf["num_attention_heads"], "num_attention_heads"),
-        "model.num_kv_heads": (hf["num_attention_heads"], "num_attention_heads"),
-        "model.embed_dim": (hf["hidden_size"], "hidden_size"),
-        "model.mlp": (mlp_kind(hf, "hidden_act", "gelu"), "hidden_act"),
-        "model.mlp_hidden_dim": (hf["intermediate_size"], "intermediate_size"),
-        "model.norm": ("layer", ""),
-        "model.norm_position": ("pre", ""),
-        "model.norm_epsilon": (hf.get("layer_norm_eps", 1e-12), "layer_norm_eps"),
-        "model.position": ("learned", ""),
+        **encoder_fields(hf, "pre"),
         "model.pool": ("cls", ""),
         "model.patch_size": (hf["patch_size"], "patch_size"),
         "model.use_bias": (True, "qkv_bias"),
-        "model.moe.num_experts": (0, ""),
     }
 
 
@@ -60,11 +49,7 @@ def hf_config(config: ml_collections.ConfigDict, vocab_size: int | None = None) 
 
     m = config.model
     return {
-        "architectures": ["ViTForImageClassification"], "model_type": "vit", "hidden_size": m.embed_dim,
-        "num_hidden_layers": m.num_layers, "num_attention_heads": m.num_heads,
-        "intermediate_size": config_value(config, "model.mlp_hidden_dim"),
-        "hidden_act": HF_ACTIVATIONS.get(m.mlp, "gelu"), "hidden_dropout_prob": m.dropout,
-        "attention_probs_dropout_prob": m.attention_dropout, "layer_norm_eps": m.norm_epsilon,
+        "architectures": ["ViTForImageClassification"], "model_type": "vit", **encoder_config(config),
         "image_size": IMAGE_SHAPE[0], "patch_size": m.patch_size, "num_channels": IMAGE_SHAPE[2],
         "qkv_bias": m.use_bias,
         "id2label": dict(enumerate(images.CLASS_NAMES)),
