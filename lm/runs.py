@@ -27,5 +27,5 @@ def load_run(workdir: pathlib.Path, experiment: str):
         raise UserError(f"{workdir} holds a {config.experiment!r} run, not a {experiment!r} one")
     import experiments
 
-    loaded = experiments.MODULES[experiment].from_workdir(config, workdir)
+    loaded = experiments.module(experiment).from_workdir(config, workdir)
     return loaded, restore_params(config, loaded, workdir)

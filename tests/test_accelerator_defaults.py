@@ -3,7 +3,6 @@ dispatch equal k single steps, the loop reads device values only at log/eval/che
 the persistent compilation cache is on by default and makes a second run compile faster."""
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -12,11 +11,10 @@ import flax.linen as nn
 import jax
 import numpy as np
 import pytest
+from conftest import REPO, subprocess_env
 
 from lm.errors import UserError
 from lm.train import loop, setup
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def lowered_train_step(config) -> str:
@@ -128,8 +126,8 @@ def test_the_compilation_cache_is_on_by_default(tmp_path, monkeypatch):
 def test_a_second_identical_run_compiles_faster(tmp_path, data_dir):
     """Two runs of the same command with the default cache (a fresh per-user folder here): the second
     names the same cache in its first lines and loads the train step instead of compiling it."""
-    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
-    env.update(XDG_CACHE_HOME=str(tmp_path / "cache_home"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    env = subprocess_env(JAX_COMPILATION_CACHE_DIR=None, XDG_CACHE_HOME=str(tmp_path / "cache_home"),
+                         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
     compile_seconds = []
     for run in ("first", "second"):
         result = subprocess.run(

@@ -11,14 +11,14 @@ from conftest import REPO, subprocess_env
 def test_sigkill_at_random_moments_loses_nothing(tmp_path, data_dir):
     env = subprocess_env()  # one CPU device, as a user has
     result = subprocess.run(
-        [sys.executable, "benchmarks/crash_resume.py", "--kills=2", "--steps=40", "--checkpoint_every=2",
+        [sys.executable, "benchmarks/crash_resume.py", "--kills=1", "--steps=40", "--checkpoint_every=2",
          "--window=0.4", "--seed=1", f"--workdir={tmp_path}"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = result.stdout
-    assert report.count("\nkill ") + report.startswith("kill ") == 2
-    assert "kills after a train step was logged     0 of" not in report  # at least one kill while training
+    assert report.count("\nkill ") + report.startswith("kill ") == 1
+    assert "kills after a train step was logged     1 of 1" in report
     assert "checkpoints that failed to restore       0 []" in report
     assert "losses equal the uninterrupted run's     True" in report
     assert "final params equal (bit for bit)         True" in report

@@ -63,7 +63,25 @@ def test_the_cycle_finder_finds_one():
 
 
 @pytest.fixture(scope="module")
-def translation_run(tmp_path_factory, data_dir):
+def first_pairs():
+    """Multi30k cut to its first lines (300 training pairs, 40 of each eval split) while this module's
+    tests run: the evaluator and the compile schedule are the subject here, not the scores."""
+    from lm.data import translation
+
+    load_pairs = translation.load_pairs
+
+    def first_lines(split, *langs):
+        sources, targets = load_pairs(split, *langs)
+        count = 300 if split == "train" else 40
+        return sources[:count], targets[:count]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(translation, "load_pairs", first_lines)
+        yield
+
+
+@pytest.fixture(scope="module")
+def translation_run(tmp_path_factory, data_dir, first_pairs):
     """The translation test config for 10 steps: the eval loss every 5, the val BLEU evaluator every 10."""
     from configs.translate_transformer import get_config
 
@@ -88,6 +106,7 @@ def test_an_experiment_evaluator_runs_at_its_steps_and_scores_the_params(transla
     assert [r["step"] for r in records if "eval_loss" in r] == [0, 5, 10]
     experiment = from_workdir(config, workdir)
     sources, references = translation.load_pairs("val", "de", "en")
+    assert len(sources) == 40
     bleu = corpus_bleu(experiment.translate(restore_params(config, experiment, workdir), sources, 1), references)
     assert summary["val_bleu"] == pytest.approx(bleu, abs=1e-6)
 

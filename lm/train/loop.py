@@ -136,10 +136,10 @@ def train(
     SIGINT ended it early (after saving a checkpoint). A second run on the same workdir stops at once
     (lm.train.lock)."""
     workdir_path = prepare_directory(workdir)
-    setup = build(config, devices)
-    with workdir_lock(workdir_path, jax.process_index()), jax.set_mesh(setup.mesh), \
-            nn.logical_axis_rules(setup.rules):  # the lock before anything is written there
-        summary = _train_locked(setup, workdir_path)
+    with workdir_lock(workdir_path, jax.process_index()):  # first: a second run stops before it reads any data
+        setup = build(config, devices)
+        with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
+            summary = _train_locked(setup, workdir_path)
     stopped_by = summary.pop("stopped_by", None)
     if stopped_by:
         raise Stopped(stopped_by, summary["step"])

@@ -55,11 +55,11 @@ class Setup:
 
 
 def load_experiment(config: ml_collections.ConfigDict) -> Experiment:
-    """The experiment config.experiment names (experiments.MODULES), built from config."""
-    if config.experiment not in experiments.MODULES:
-        raise UserError(f"experiment={config.experiment!r} is not one of {', '.join(experiments.MODULES)} "
+    """The experiment config.experiment names (one of experiments.NAMES), built from config."""
+    if config.experiment not in experiments.NAMES:
+        raise UserError(f"experiment={config.experiment!r} is not one of {', '.join(experiments.NAMES)} "
                         "(experiments/__init__.py lists them)")
-    return experiments.MODULES[config.experiment].build(config)
+    return experiments.module(config.experiment).build(config)
 
 
 def prepare_directory(directory: str, option: str = "--workdir") -> pathlib.Path:
