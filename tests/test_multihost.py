@@ -29,8 +29,9 @@ def losses(workdir: pathlib.Path) -> dict[int, float]:
 
 
 def test_two_processes_match_one_stop_together_and_restore_on_other_meshes(tmp_path, data_dir, test_config):
-    """2 processes x 4 devices, coordinated by jax.distributed over localhost (gloo collectives) and
-    started as on two nodes by the plain multi-node launcher, train as 1 process x 8 devices does.
+    """2 processes x 4 devices (a data 8 mesh), coordinated by jax.distributed over localhost (gloo
+    collectives) and started as on two nodes by the plain multi-node launcher, train as 1 process x 8
+    devices on a data 4 x fsdp 2 mesh does.
     Preemption reaches the hosts at different moments: SIGTERM to process 0 alone after step 6, and
     both agree (every log_every steps) on the step they save, then exit 128 + SIGTERM. That checkpoint
     continues in 1 process on another mesh exactly as the uninterrupted run."""
@@ -63,9 +64,10 @@ def test_two_processes_match_one_stop_together_and_restore_on_other_meshes(tmp_p
     assert "process 1 of 2" in outputs[1][1]
     assert "loss" not in outputs[1][0]  # process 0 alone reports
 
-    # 1 process x 8 devices, without a break.
+    # 1 process x 8 devices on another mesh (data 4 x fsdp 2), without a break.
     test_config.train.update(num_steps=stop + 4, log_every=2, checkpoint_every=100000)
     test_config.eval.every = 100000
+    test_config.mesh.update(data=4, fsdp=2)
     single = tmp_path / "single"
     train(test_config, str(single), devices=jax.devices())
     single_losses, multi_losses = losses(single), losses(multi)
@@ -73,8 +75,7 @@ def test_two_processes_match_one_stop_together_and_restore_on_other_meshes(tmp_p
     np.testing.assert_allclose([multi_losses[s] for s in sorted(multi_losses)],
                                [single_losses[s] for s in sorted(multi_losses)], rtol=1e-5)
 
-    # The 2-process checkpoint continues in 1 process on another mesh (data 4 x fsdp 2) ...
-    test_config.mesh.update(data=4, fsdp=2)
+    # The 2-process checkpoint continues in 1 process on that mesh (the same compiled programs) ...
     train(test_config, str(multi), devices=jax.devices())
     resumed = losses(multi)
     after = (stop + 2, stop + 4)

@@ -27,7 +27,8 @@ def get_config(name: str, variant: str = "test"):
          (2,)),
     ],
 )
-def test_translation_trains_and_scores_the_test_split(tmp_path, data_dir, config_name, overrides, beam_sizes):
+def test_translation_trains_and_scores_the_test_split(tmp_path, data_dir, monkeypatch, config_name, overrides,
+                                                      beam_sizes):
     config = get_config(config_name)
     config.data.update(overrides)
     config.eval.beam_sizes = beam_sizes  # one decoding of the 1000 test sentences each
@@ -49,7 +50,8 @@ def test_translation_trains_and_scores_the_test_split(tmp_path, data_dir, config
         assert 0 <= results[f"test_bleu_lowercase_tokenized_beam{beam_size}"] <= 100
         lines = (tmp_path / "translations" / f"test_2016_flickr.beam{beam_size}.txt").read_text().splitlines()
         assert len(lines) == 1000  # one per test sentence, in order
-    # A rerun of the finished run does nothing, and keeps the results.
+    # A rerun of the finished run does nothing (it reads no data), and keeps the results.
+    monkeypatch.setattr(translation, "load_pairs", lambda *args: pytest.fail("the finished run read the corpus"))
     assert train(config, str(tmp_path), devices=jax.devices()[:1]) == {"step": config.train.num_steps}
     assert json.loads((tmp_path / "results.json").read_text()) == results
 

@@ -137,6 +137,10 @@ def train(
     (lm.train.lock)."""
     workdir_path = prepare_directory(workdir)
     with workdir_lock(workdir_path, jax.process_index()):  # first: a second run stops before it reads any data
+        finished_step = finished_run_step(config, workdir_path)
+        if finished_step is not None:  # the same command again: nothing to load or compile
+            print(nothing_to_do(finished_step, config.train.num_steps))
+            return {"step": finished_step}
         setup = build(config, devices)
         with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
             summary = _train_locked(setup, workdir_path)
@@ -144,6 +148,22 @@ def train(
     if stopped_by:
         raise Stopped(stopped_by, summary["step"])
     return summary
+
+
+def finished_run_step(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> int | None:
+    """The step of a run that finished in workdir with this very config (config.json equal to it,
+    results.json written at train.num_steps or later), else None."""
+    config_path, results_path = workdir / CONFIG_FILE, workdir / RESULTS_FILE
+    if not (config_path.is_file() and results_path.is_file()):
+        return None
+    if json.loads(config_path.read_text()) != json.loads(config.to_json_best_effort()):
+        return None
+    step = json.loads(results_path.read_text()).get("step", -1)
+    return step if step >= config.train.num_steps else None
+
+
+def nothing_to_do(step: int, num_steps: int) -> str:
+    return f"already trained to step {step} (train.num_steps={num_steps}); nothing to do"
 
 
 def _train_locked(setup: Setup, workdir: pathlib.Path) -> dict[str, float]:
@@ -180,7 +200,7 @@ def _train_locked(setup: Setup, workdir: pathlib.Path) -> dict[str, float]:
     train_iter = iter(setup.train_data(start_step))
     if start_step >= tcfg.num_steps and (workdir / RESULTS_FILE).is_file():
         checkpointer.close()
-        print(f"already trained to step {start_step} (train.num_steps={tcfg.num_steps}); nothing to do")
+        print(nothing_to_do(start_step, tcfg.num_steps))
         return {"step": start_step}
 
     writer = MetricWriter(workdir, tcfg.wandb_project, config.to_dict())
