@@ -1,6 +1,7 @@
 """Benchmark: every experiment's train step alone against the whole trainer, on this machine's devices.
 
-  python benchmarks/accelerator.py            # the accelerator rows (GPT-2 124M, small, translation, ViT full)
+  python benchmarks/accelerator.py            # the accelerator rows (GPT-2 124M, small, translation, ViT full,
+                                              # BERT-Base pretraining and SST-2 fine-tuning in bf16)
   python benchmarks/accelerator.py --quick    # the CPU-sized rows (baby, the test configs): any machine
   python benchmarks/accelerator.py --rows=small_bf16,small_fp32   # some rows
 
@@ -60,6 +61,8 @@ FULL_ROWS = {
     "translate_transformer": ("configs/translate_transformer.py:base", {}, 50, 500),
     "translate_rnn": ("configs/translate_rnn.py:attention", {}, 30, 300),
     "vit_full": ("configs/vit_cifar10.py:full", {}, 20, 300),
+    "bert_base_bf16": ("configs/bert.py:base", {"model.compute_dtype": "bfloat16"}, 20, 200),
+    "bert_base_sst2_bf16": ("configs/bert_finetune.py:sst2_base", {"model.compute_dtype": "bfloat16"}, 20, 200),
 }
 QUICK_ROWS = {
     "baby": ("configs/gpt_shakespeare.py:baby", {}, 20, 200),
@@ -67,6 +70,8 @@ QUICK_ROWS = {
     "translate_transformer_test": ("configs/translate_transformer.py:test", {}, 20, 60),
     "translate_rnn_test": ("configs/translate_rnn.py:test", {}, 20, 60),
     "vit_test": ("configs/vit_cifar10.py:test", {}, 20, 60),
+    "bert_tiny": ("configs/bert.py:tiny", {}, 20, 60),
+    "bert_tiny_sst2": ("configs/bert_finetune.py:sst2_tiny", {}, 20, 60),
 }
 
 

@@ -62,10 +62,10 @@ def test_the_cycle_finder_finds_one():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def first_pairs():
-    """Multi30k cut to its first lines (300 training pairs, 40 of each eval split) while this module's
-    tests run: the evaluator and the compile schedule are the subject here, not the scores."""
+    """Multi30k cut to its first lines (300 training pairs, 40 of each eval split) for the test: the
+    evaluator and the compile schedule are its subject, not the scores."""
     from lm.data import translation
 
     load_pairs = translation.load_pairs
@@ -80,43 +80,34 @@ def first_pairs():
         yield
 
 
-@pytest.fixture(scope="module")
-def translation_run(tmp_path_factory, data_dir, first_pairs):
-    """The translation test config for 10 steps: the eval loss every 5, the val BLEU evaluator every 10."""
+def test_an_experiment_evaluator_runs_at_its_steps_and_every_bucket_shape_compiles_first(first_pairs, tmp_path,
+                                                                                          capsys):
+    """The translation test config for 10 steps, the eval loss every 5 and the val BLEU evaluator every
+    10: val_bleu at steps 0 and 10 beside eval_loss at 0, 5 and 10; the last equals the BLEU of the
+    saved params' greedy translations of the val split, recomputed here. The data has two length
+    buckets: both train step shapes and the eval shape are compiled together at the start of a run (of
+    a resumed segment of the same run here)."""
     from configs.translate_transformer import get_config
-
-    config = get_config("test")
-    config.train.update(num_steps=10, checkpoint_every=10)
-    config.eval.update(every=5, bleu_every=10, beam_sizes=())
-    workdir = tmp_path_factory.mktemp("translation")
-    summary = train(config, str(workdir), devices=jax.devices()[:1])
-    return config, workdir, summary
-
-
-def test_an_experiment_evaluator_runs_at_its_steps_and_scores_the_params(translation_run):
-    """val_bleu at steps 0 and 10 beside eval_loss at 0, 5 and 10; the last equals the BLEU of the
-    saved params' greedy translations of the val split, recomputed here."""
     from experiments.translation import from_workdir
     from lm.data import translation
     from lm.data.bleu import corpus_bleu
 
-    config, workdir, summary = translation_run
-    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    config = get_config("test")
+    config.train.update(num_steps=10, checkpoint_every=10)
+    config.eval.update(every=5, bleu_every=10, beam_sizes=())
+    summary = train(config, str(tmp_path), devices=jax.devices()[:1])
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "val_bleu" in r] == [0, 10]
     assert [r["step"] for r in records if "eval_loss" in r] == [0, 5, 10]
-    experiment = from_workdir(config, workdir)
+    experiment = from_workdir(config, tmp_path)
     sources, references = translation.load_pairs("val", "de", "en")
     assert len(sources) == 40
-    bleu = corpus_bleu(experiment.translate(restore_params(config, experiment, workdir), sources, 1), references)
+    bleu = corpus_bleu(experiment.translate(restore_params(config, experiment, tmp_path), sources, 1), references)
     assert summary["val_bleu"] == pytest.approx(bleu, abs=1e-6)
 
-
-def test_every_bucket_shape_is_compiled_before_the_first_step(translation_run, capsys):
-    """The translation test data has two length buckets: both train step shapes and the eval shape
-    are compiled together at the start of a run (a resumed segment of the same run here)."""
-    config, workdir, _ = translation_run
     config.train.num_steps = 12
-    train(config, str(workdir), devices=jax.devices()[:1])
+    capsys.readouterr()
+    train(config, str(tmp_path), devices=jax.devices()[:1])
     out = capsys.readouterr().out
     assert "resumed from step 10" in out
     assert out.index("resumed from step 10") < out.index("compiled 3 programs in parallel") < out.index("step     12 |")

@@ -1,6 +1,5 @@
 """lm.translate: translations and attention heat maps from a run folder alone, and its one-line errors."""
 
-import shutil
 import subprocess
 import sys
 
@@ -191,9 +190,16 @@ def test_bad_arguments_are_refused_before_loading(tmp_path, monkeypatch, capsys,
     assert not (tmp_path / "a.png").exists()
 
 
-def test_workdir_without_a_checkpoint(rnn_run, tmp_path, capsys):
+def test_workdir_without_a_checkpoint(tmp_path, capsys):
+    """A run folder as lm.main leaves it before its first checkpoint: config.json and the tokenizers."""
+    from configs.translate_rnn import get_config
+
     workdir = tmp_path / "run"
-    shutil.copytree(rnn_run, workdir, ignore=shutil.ignore_patterns("checkpoints"))
+    config = get_config("test")
+    config.data.tokenizer = "word"
+    workdir.mkdir()
+    (workdir / "config.json").write_text(config.to_json_best_effort())
+    translation.save_tokenizers(workdir, *translation.build_tokenizers("word", ["ein Hund"], ["a dog"], min_freq=1))
     with pytest.raises(SystemExit) as excinfo:
         cli(f"--workdir={workdir}", SENTENCE)
     assert_one_line_error(capsys, excinfo, "no checkpoint")

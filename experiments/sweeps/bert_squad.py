@@ -1,0 +1,17 @@
+"""BERT-Mini fine-tuned on SQuAD v1.1 (dev EM and F1; trained on the 44-article subset of the training set)
+from the pretrained encoder and from random initialisation, 3 seeds each, the same budget
+(configs/bert_finetune.py:squad); docs/bert.md#pretrained-vs-scratch.
+
+  python -m lm.main --config=configs/bert.py:mini --workdir=runs/bert_mini   # the pretrained encoder, first
+  python -m lm.sweep --sweep_file=experiments/sweeps/bert_squad.py --workdir=runs/bert_squad
+  python -m lm.compare runs/bert_squad --group_by=init_from
+
+2 arms x 3 seeds = 6 runs; init_from="" is the from-scratch arm. Run from the repository root (init_from
+is a relative path). On an accelerator add --config.model.compute_dtype=bfloat16.
+"""
+
+CONFIG = "configs/bert_finetune.py:squad"
+AXES = {
+    "init_from": ["runs/bert_mini", ""],
+    "seed": [0, 1, 2],
+}
