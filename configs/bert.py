@@ -14,7 +14,7 @@ Variants (pick one after the colon); sizes from lm/models/bert.py BERT_SIZES (la
          --config.optimizer.warmup_steps=30) on a loaded 2-core CPU: 14.6 min, 626-1,072 tokens/s, held-out
          masked-LM loss 10.36 -> 6.80, accuracy 6.6%, NSP accuracy 51% (docs/bert.md).
          As it is, on one core of the CPU: 1,790 tokens/s; at step 500 (27 min) held-out masked-LM loss
-         6.40, accuracy 10.8%, NSP accuracy 83.2%; stopped at step 650 (docs/bert.md).
+         6.40, accuracy 10.8%, NSP accuracy 83.2%; stopped at step 701 (docs/bert.md).
   small  4 / 512 / 8 (BERT-Small), batch 128; not yet run.
          python -m lm.main --config=configs/bert.py:small --workdir=runs/bert_small
   base   12 / 768 / 12 (BERT-Base, 110M parameters), batch 256, for an accelerator; not yet run.
