@@ -28,7 +28,6 @@ import pathlib
 import platform
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 
@@ -37,10 +36,6 @@ from absl import app, flags, logging
 from lm.cli import run_user_errors
 from lm.cpu import keep_freed_memory
 from lm.errors import UserError
-
-# Config files that import a sibling (configs/bert_finetune.py: `from configs import bert`) need the
-# repository root on the path, as `python -m lm.main` run from it has; a script run has its own folder.
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 _QUICK = flags.DEFINE_bool("quick", False, "The CPU-sized rows (baby and the test configs) instead of the "
                            "accelerator rows.")

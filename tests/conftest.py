@@ -43,6 +43,21 @@ def subprocess_env(devices: int = 1, **changes: str | None) -> dict[str, str]:
     return {k: v for k, v in env.items() if v is not None}
 
 
+def keep_first_multi30k_pairs(patch: pytest.MonkeyPatch, train: int, other: int) -> None:
+    """While patch is active, lm.data.translation.load_pairs returns only the first `train` pairs of the
+    training split and the first `other` of every other split (for tests whose subject is not the scores)."""
+    from lm.data import translation
+
+    load_pairs = translation.load_pairs
+
+    def first_pairs(split, *langs):
+        sources, targets = load_pairs(split, *langs)
+        count = train if split == "train" else other
+        return sources[:count], targets[:count]
+
+    patch.setattr(translation, "load_pairs", first_pairs)
+
+
 @pytest.fixture(scope="session")
 def data_dir() -> pathlib.Path:
     """$LM_DATA_DIR, which must hold tinyshakespeare/input.txt (CI sets it to ../shared/data)."""

@@ -6,6 +6,7 @@ import pathlib
 
 import jax
 import pytest
+from conftest import keep_first_multi30k_pairs
 
 from lm.train.loop import train
 from lm.train.setup import build, restore_params
@@ -62,36 +63,20 @@ def test_the_cycle_finder_finds_one():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
 
 
-@pytest.fixture
-def first_pairs():
-    """Multi30k cut to its first lines (300 training pairs, 40 of each eval split) for the test: the
-    evaluator and the compile schedule are its subject, not the scores."""
-    from lm.data import translation
-
-    load_pairs = translation.load_pairs
-
-    def first_lines(split, *langs):
-        sources, targets = load_pairs(split, *langs)
-        count = 300 if split == "train" else 40
-        return sources[:count], targets[:count]
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(translation, "load_pairs", first_lines)
-        yield
-
-
-def test_an_experiment_evaluator_runs_at_its_steps_and_every_bucket_shape_compiles_first(first_pairs, tmp_path,
+def test_an_experiment_evaluator_runs_at_its_steps_and_every_bucket_shape_compiles_first(tmp_path, monkeypatch,
                                                                                           capsys):
     """The translation test config for 10 steps, the eval loss every 5 and the val BLEU evaluator every
     10: val_bleu at steps 0 and 10 beside eval_loss at 0, 5 and 10; the last equals the BLEU of the
     saved params' greedy translations of the val split, recomputed here. The data has two length
     buckets: both train step shapes and the eval shape are compiled together at the start of a run (of
-    a resumed segment of the same run here)."""
+    a resumed segment of the same run here). On the first Multi30k lines (300 training pairs, 40 of each
+    eval split): the evaluator and the compile schedule are the subject, not the scores."""
     from configs.translate_transformer import get_config
     from experiments.translation import from_workdir
     from lm.data import translation
     from lm.data.bleu import corpus_bleu
 
+    keep_first_multi30k_pairs(monkeypatch, train=300, other=40)
     config = get_config("test")
     config.train.update(num_steps=10, checkpoint_every=10)
     config.eval.update(every=5, bleu_every=10, beam_sizes=())

@@ -8,7 +8,7 @@ import jax
 import matplotlib.image
 import numpy as np
 import pytest
-from conftest import REPO, subprocess_env
+from conftest import REPO, keep_first_multi30k_pairs, subprocess_env
 
 from experiments.translation import Translation
 from lm import plots
@@ -69,13 +69,6 @@ def rnn_run(tmp_path_factory, data_dir):
     from configs.translate_rnn import get_config
     from lm.train.loop import train
 
-    load_pairs = translation.load_pairs
-
-    def first_lines(split, *langs):
-        sources, targets = load_pairs(split, *langs)
-        count = 200 if split == "train" else 8
-        return sources[:count], targets[:count]
-
     config = get_config("test")
     config.data.buckets = (16, 32)
     config.train.num_steps = 2
@@ -84,7 +77,7 @@ def rnn_run(tmp_path_factory, data_dir):
         config.eval.beam_sizes = (1,)
     workdir = tmp_path_factory.mktemp("mt_rnn")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(translation, "load_pairs", first_lines)
+        keep_first_multi30k_pairs(patch, train=200, other=8)
         train(config, str(workdir), devices=jax.devices()[:1])
     return workdir
 
