@@ -138,7 +138,8 @@ def test_sweep_file(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["norm_position", "norm_kind", "mlp_kind", "positions", "sinusoidal_scaled",
-                                  "bert_sst2", "bert_conll2003", "bert_squad", "bert_stsb"])
+                                  "bert_sst2", "bert_conll2003", "bert_squad", "bert_stsb",
+                                  "bert_sst2_cpu", "bert_conll2003_cpu", "bert_stsb_cpu"])
 def test_the_ablation_sweep_files_are_valid(tmp_path, name):
     spec, axes, overrides = sweep.load_sweep_file(str(REPO / "experiments" / "sweeps" / f"{name}.py"))
     arms = sweep.plan_sweep(spec, axes, overrides, tmp_path)
