@@ -146,14 +146,19 @@ class ImageClassification:
             labels.append(batch["label"][valid])
         return np.concatenate(labels), np.concatenate(predictions)
 
+    @functools.partial(jax.jit, static_argnums=0)
+    def _attention_weights(self, params, image: jax.Array) -> dict:
+        """image (B, H, W, C) -> the attention weights every layer sows, {module path: ((B, heads, T, T),)}."""
+        _, sown = self.model.apply({"params": params}, image, capture_weights=True, mutable=["intermediates"])
+        return sown["intermediates"]
+
     def patch_attention(self, params, image: np.ndarray) -> np.ndarray:
         """image (B, H, W, C) uint8 -> (B, grid, grid): the attention rollout from the pooled output to
         each patch (the [CLS] token's row, or the mean of all rows for average pooling); sums to 1 per
         image, less what [CLS] keeps from itself."""
-        _, sown = self.model.apply({"params": params}, images.normalize(image), capture_weights=True,
-                                   mutable=["intermediates"])
+        sown = self._attention_weights(params, images.normalize(image))
         layers = {}  # layer index -> (B, T, T), mean over heads
-        for path, (weights,) in flax.traverse_util.flatten_dict(sown["intermediates"]).items():
+        for path, (weights,) in flax.traverse_util.flatten_dict(sown).items():
             for layer, layer_weights in sown_per_layer(path, weights, self.model.config.transformer):
                 layers[layer] = np.asarray(layer_weights, np.float64).mean(axis=1)
         rollout = attention_rollout([layers[i] for i in sorted(layers)])

@@ -1,5 +1,8 @@
 """Test set-up: 8 fake CPU devices (set before jax is imported) and the real data directory."""
 
+import fcntl
+import hashlib
+import json
 import os
 import pathlib
 import shutil
@@ -77,9 +80,39 @@ def test_config():
     return config
 
 
+def shared_folder(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """This pytest run's temporary folder, the same for every xdist worker (each has its own below it)."""
+    folder = tmp_path_factory.getbasetemp()
+    return folder.parent if "PYTEST_XDIST_WORKER" in os.environ else folder
+
+
+def train_sentencepiece_once(patch: pytest.MonkeyPatch, folder: pathlib.Path) -> None:
+    """While patch is active, lm.data.translation's SentencePiece training (deterministic: one thread, all
+    the input) keeps each model it trains in folder, and an identical training later (in any xdist
+    worker) reads it instead: several tests build the same translation test config."""
+    from lm.data import translation
+
+    train = translation.SentencePieceTokenizer.train.__func__
+
+    def train_or_read(cls, sentences, *args, **kwargs):
+        key = hashlib.sha256(repr((list(sentences), args, sorted(kwargs.items()))).encode()).hexdigest()
+        path = folder / f"sentencepiece-{key}.model"
+        if path.is_file():
+            return cls(path.read_bytes())
+        tokenizer = train(cls, sentences, *args, **kwargs)
+        partial = path.with_suffix(f".{os.getpid()}")
+        partial.write_bytes(tokenizer.model_proto)
+        os.replace(partial, path)  # whole or absent for a reader in another worker
+        return tokenizer
+
+    patch.setattr(translation.SentencePieceTokenizer, "train", classmethod(train_or_read))
+
+
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory, data_dir):
-    """A 40-step run of the test config on one device, shared by the tests that only read it."""
+    """A 40-step run of the test config on one device, shared by the tests that only read it. The first
+    xdist worker to need it trains it (under a file lock) in the folder all workers share; the others
+    read it from there."""
     import jax
 
     from configs.gpt_shakespeare import get_config
@@ -89,6 +122,11 @@ def trained_run(tmp_path_factory, data_dir):
     config.train.num_steps = 40
     config.optimizer.decay_steps = 40
     config.eval.context_lengths = (16, 32)  # the training length, and 2x (left out: learned positions)
-    workdir = tmp_path_factory.mktemp("trained")
-    summary = train(config, str(workdir), devices=jax.devices()[:1])
-    return config, workdir, summary
+    shared = shared_folder(tmp_path_factory)
+    workdir, summary_file = shared / "trained_run", shared / "trained_run_summary.json"
+    with (shared / "trained_run.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not summary_file.is_file():
+            summary = train(config, str(workdir), devices=jax.devices()[:1])
+            summary_file.write_text(json.dumps(summary))
+    return config, workdir, json.loads(summary_file.read_text())

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from conftest import shared_folder, train_sentencepiece_once
 
 from experiments.translation import Translation, build
 from lm.data import translation
@@ -27,8 +28,9 @@ def get_config(name: str, variant: str = "test"):
          (2,)),
     ],
 )
-def test_translation_trains_and_scores_the_test_split(tmp_path, data_dir, monkeypatch, config_name, overrides,
-                                                      beam_sizes):
+def test_translation_trains_and_scores_the_test_split(tmp_path, tmp_path_factory, data_dir, monkeypatch, config_name,
+                                                      overrides, beam_sizes):
+    train_sentencepiece_once(monkeypatch, shared_folder(tmp_path_factory))
     config = get_config(config_name)
     config.data.update(overrides)
     config.eval.beam_sizes = beam_sizes  # one decoding of the 1000 test sentences each
@@ -57,9 +59,11 @@ def test_translation_trains_and_scores_the_test_split(tmp_path, data_dir, monkey
 
 
 @pytest.fixture(scope="module")
-def rnn_experiment(data_dir) -> Translation:
+def rnn_experiment(data_dir, tmp_path_factory) -> Translation:
     """The RNN test config's experiment: sentencepiece (500 pieces) fitted on the train split."""
-    return build(get_config("translate_rnn"))
+    with pytest.MonkeyPatch.context() as patch:
+        train_sentencepiece_once(patch, shared_folder(tmp_path_factory))
+        return build(get_config("translate_rnn"))
 
 
 def short_pairs(experiment: Translation, count: int, length: int) -> translation.Batch:
