@@ -305,3 +305,24 @@ def test_a_sweep_of_the_test_config_then_compare(tmp_path, data_dir, capsys):
     table = capsys.readouterr().out
     assert "| model.norm=layer | 1 |" in table and "| model.norm=rms | 1 |" in table
     assert {"report.md", "train_loss.png", "val_loss.png"} <= {p.name for p in workdir.iterdir()}
+
+
+def test_plot_draws_any_logged_metric_as_a_mean_curve_over_seeds(tmp_path):
+    """--plot=eval_mlm_accuracy: the metric's mean, min and max over seeds at the steps every seed logged
+    it, in <metric>.png and report.md; a metric no run logged is one clear error."""
+    for seed, accuracies in enumerate([[0.0, 0.2, 0.3], [0.0, 0.4]]):
+        write_run(tmp_path / "runs" / f"s{seed}", base_config("layer", seed), [3.0], [4.0, 3.0])
+        with (tmp_path / "runs" / f"s{seed}" / "metrics.jsonl").open("a") as metrics:
+            for step, accuracy in enumerate(accuracies):
+                metrics.write(json.dumps({"step": 10 * step, "eval_mlm_accuracy": accuracy}) + "\n")
+    runs = compare.find_runs(tmp_path / "runs")
+    steps, mean, low, high = compare.mean_curve(runs, "eval_mlm_accuracy")
+    np.testing.assert_allclose(steps, [0, 10])  # step 20: one seed only
+    np.testing.assert_allclose(mean, [0.0, 0.3])
+    np.testing.assert_allclose(low, [0.0, 0.2])
+    np.testing.assert_allclose(high, [0.0, 0.4])
+    compare.compare(str(tmp_path / "runs"), out=str(tmp_path / "report"), plot=["eval_mlm_accuracy"])
+    assert (tmp_path / "report" / "eval_mlm_accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "![eval_mlm_accuracy](eval_mlm_accuracy.png)" in (tmp_path / "report" / "report.md").read_text()
+    with pytest.raises(UserError, match="--plot: no run logged eval_nsp_accuracy"):
+        compare.compare(str(tmp_path / "runs"), out=str(tmp_path / "report"), plot=["eval_nsp_accuracy"])

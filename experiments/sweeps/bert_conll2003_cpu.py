@@ -3,13 +3,14 @@ F1) from the pretrained encoder and from random initialisation, 3 seeds each, 40
 the six runs fit a 2-core machine; docs/bert.md#pretrained-vs-scratch has the figures.
 
   python -m lm.main --config=configs/bert.py:mini --workdir=runs/bert_mini   # the pretrained encoder, first
+  # (the study used its step-1000 checkpoint: the run stopped there for the session's time)
   python -m lm.sweep --sweep_file=experiments/sweeps/bert_conll2003_cpu.py --workdir=runs/bert_conll2003_cpu
   python -m lm.compare runs/bert_conll2003_cpu --group_by=init_from
 """
 
 CONFIG = "configs/bert_finetune.py:conll2003"
 AXES = {
-    "init_from": ["runs/bert_mini", ""],
+    "init_from": ["runs/bert_mini/checkpoints/1000", ""],
     "seed": [0, 1, 2],
 }
 OVERRIDES = {

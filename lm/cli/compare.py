@@ -1,7 +1,7 @@
 """Compare training runs side by side: a table over seeds, a Markdown report and loss-curve plots.
 
   python -m lm.compare runs/norm [more directories] [--group_by=model.norm_position] [--out=runs/norm]
-      [--spike=1.0]
+      [--spike=1.0] [--plot=eval_mlm_accuracy,eval_nsp_accuracy]
 
 Reads every run folder under the directories (any folder with config.json and metrics.jsonl written by
 lm.main: sweep arms, or runs copied in from elsewhere). A key missing from a run's config (a run made
@@ -11,7 +11,8 @@ final and best val loss (last and lowest eval_loss) as mean ± sample std over s
 score in the runs' results.json (e.g. test BLEU, or val loss at a longer context; '-' where none has
 it), steps/s (mean of the logged steps_per_second, leaving out each run's first logged interval),
 parameters (summary.json) and how many runs diverged. It writes report.md, train_loss.png and
-val_loss.png (mean curve over seeds with a min-max band) into --out (default: the directory).
+val_loss.png (mean curve over seeds with a min-max band) into --out (default: the directory), and
+<metric>.png for each other logged metric named by --plot (e.g. BERT's eval_mlm_accuracy).
 
 Divergence: a run diverged if a logged train loss or eval loss is NaN or infinite, or if a logged train
 loss (a mean over train.log_every steps) is more than --spike nats above the lowest train loss logged
@@ -38,12 +39,14 @@ _GROUP_BY = flags.DEFINE_list("group_by", None, "Config keys that name a group (
                               "differs across the runs except seed).")
 _SPIKE = flags.DEFINE_float("spike", SPIKE_NATS, "A train loss this many nats above the running minimum "
                             "counts as divergence.")
+_PLOT = flags.DEFINE_list("plot", [], "More logged metrics (metrics.jsonl keys) to plot, one <metric>.png each.")
 
 
 @dataclasses.dataclass
 class Run:
     path: pathlib.Path
     config: dict  # flattened: {'model.norm': 'layer', 'seed': 0, ...}
+    records: list[dict]  # every metrics.jsonl record, in step order
     train: list[dict]  # metrics.jsonl records with a train 'loss', in step order
     eval: list[dict]  # records with 'eval_loss'
     summary: dict
@@ -69,6 +72,7 @@ def read_run(path: pathlib.Path) -> Run:
     return Run(
         path=path,
         config=flatten(json.loads((path / CONFIG_FILE).read_text())),
+        records=records,
         train=[r for r in records if "loss" in r],
         eval=[r for r in records if "eval_loss" in r],
         summary=json.loads(summary_path.read_text()) if summary_path.is_file() else {},
@@ -181,9 +185,10 @@ def table(stats: dict[str, dict]) -> str:
     return "\n".join(rows)
 
 
-def mean_curve(runs: list[Run], records: str, key: str) -> tuple[np.ndarray, ...] | None:
-    """(steps, mean, min, max) over the runs of `key` at the steps every run logged; None if none."""
-    series = [{r["step"]: r[key] for r in getattr(run, records)} for run in runs]
+def mean_curve(runs: list[Run], key: str) -> tuple[np.ndarray, ...] | None:
+    """(steps, mean, min, max) over the runs of the logged metric `key` at the steps every run logged it;
+    None if none."""
+    series = [{r["step"]: r[key] for r in run.records if key in r} for run in runs]
     steps = sorted(set.intersection(*(set(s) for s in series)))
     if not steps:
         return None
@@ -192,7 +197,7 @@ def mean_curve(runs: list[Run], records: str, key: str) -> tuple[np.ndarray, ...
 
 
 def write_report(roots: list[pathlib.Path], out: pathlib.Path, groups: dict[str, list[Run]],
-                 stats: dict[str, dict], spike: float) -> None:
+                 stats: dict[str, dict], spike: float, plot: list[str] = ()) -> None:
     from lm.plots import save_loss_curves
 
     out.mkdir(parents=True, exist_ok=True)
@@ -203,34 +208,40 @@ def write_report(roots: list[pathlib.Path], out: pathlib.Path, groups: dict[str,
              "steps/s: mean of the logged steps_per_second, each run's first logged interval left out. "
              f"Diverged: a NaN/inf loss, or a logged train loss more than {spike:g} nat above the lowest "
              "logged before it. Plots: mean over seeds, band from min to max.", "",
-             "![train loss](train_loss.png)", "", "![val loss](val_loss.png)", "", "## Runs", ""]
+             "![train loss](train_loss.png)", "", "![val loss](val_loss.png)", "",
+             *(line for key in plot for line in (f"![{key}]({key}.png)", "")), "## Runs", ""]
     for label, runs in groups.items():
         lines.append(f"- {label}: " + ", ".join(f"`{run.path.absolute().relative_to(base)}`" for run in runs))
         lines += [f"  - diverged: `{name}`: {why}" for name, why in stats[label]["diverged"].items()]
     (out / "report.md").write_text("\n".join(lines) + "\n")
-    for records, key, name in (("train", "loss", "train loss"), ("eval", "eval_loss", "val loss")):
-        curves = {label: mean_curve(runs, records, key) for label, runs in groups.items()}
-        save_loss_curves(out / f"{name.replace(' ', '_')}.png",
-                         {label: c for label, c in curves.items() if c is not None}, name,
+    plots = {"train_loss": ("loss", "train loss"), "val_loss": ("eval_loss", "val loss")}
+    plots.update({key: (key, key) for key in plot})
+    for file, (key, name) in plots.items():
+        curves = {label: mean_curve(runs, key) for label, runs in groups.items()}
+        save_loss_curves(out / f"{file}.png", {label: c for label, c in curves.items() if c is not None}, name,
                          title=f"{name} (mean over seeds; band: min to max)")
 
 
 def compare(roots: str | list[str], out: str | None = None, group_by: list[str] | None = None,
-            spike: float = SPIKE_NATS) -> dict[str, dict]:
+            spike: float = SPIKE_NATS, plot: list[str] = ()) -> dict[str, dict]:
     """Reads the runs under the root directories, prints the table and writes the report (into out,
-    default the first root); returns {group: stats}."""
+    default the first root), with a plot of each metric in `plot` too; returns {group: stats}."""
     root_paths = [pathlib.Path(root) for root in ([roots] if isinstance(roots, str) else roots)]
     groups = group_runs([run for root in root_paths for run in find_runs(root)], group_by)
+    unlogged = [key for key in plot if not any(key in r for runs in groups.values() for run in runs
+                                               for r in run.records)]
+    if unlogged:
+        raise UserError(f"--plot: no run logged {', '.join(unlogged)} (see the keys in a run's metrics.jsonl)")
     stats = {label: group_stats(runs, spike) for label, runs in groups.items()}
     print(table(stats))
-    write_report(root_paths, pathlib.Path(out) if out else root_paths[0], groups, stats, spike)
+    write_report(root_paths, pathlib.Path(out) if out else root_paths[0], groups, stats, spike, plot)
     return stats
 
 
 def main(argv: list[str]) -> None:
     if len(argv) < 2:
         raise app.UsageError("pass one or more directories of runs: python -m lm.compare runs/norm")
-    run_user_errors(lambda: compare(argv[1:], _OUT.value, _GROUP_BY.value, _SPIKE.value))
+    run_user_errors(lambda: compare(argv[1:], _OUT.value, _GROUP_BY.value, _SPIKE.value, _PLOT.value))
 
 
 def run() -> None:
