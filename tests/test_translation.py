@@ -110,12 +110,15 @@ def test_eval_metrics_are_token_weighted(rnn_experiment):
     experiment = rnn_experiment
     params = nn.unbox(experiment.init(jax.random.key(0)))["params"]
     batches = [short_pairs(experiment, count=4, length=16), short_pairs(experiment, count=64, length=32)]
-    outputs = [(experiment.loss(params, b, jax.random.key(0), False)[1], experiment.eval_weight(b)) for b in batches]
+    eval_metrics = jax.jit(lambda p, b: experiment.loss(p, b, jax.random.key(0), False)[1])
+    outputs = [(eval_metrics(params, b), experiment.eval_weight(b)) for b in batches]
     weighted = mean_metrics([m for m, _ in outputs], [w for _, w in outputs])
 
     per_token = []
+    logits_of = jax.jit(lambda p, b: experiment.model.apply({"params": p}, b["source"], b["source_mask"],
+                                                            b["decoder_inputs"]))
     for b in batches:
-        logits = experiment.model.apply({"params": params}, b["source"], b["source_mask"], b["decoder_inputs"])
+        logits = logits_of(params, b)
         losses = optax.softmax_cross_entropy_with_integer_labels(logits, jnp.asarray(b["targets"]))
         per_token.append(np.asarray(losses)[b["target_mask"] > 0])
     assert [float(w) for _, w in outputs] == [len(t) for t in per_token]
