@@ -184,9 +184,12 @@ def test_a_head_of_another_shape_or_a_missing_source_stops_before_anything_is_wr
     assert sorted(p.relative_to(workdir).as_posix() for p in workdir.rglob("*")) == ["checkpoints"]
 
 
-def test_a_checkpoint_or_step_folder_is_a_source_too(trained_run, test_config):
+def test_a_checkpoint_or_step_folder_is_a_source_too(trained_run, test_config, monkeypatch):
+    """Given as absolute paths, and relative to the working directory (as a user types them)."""
     _, source, _ = trained_run
     abstract = jax.eval_shape(lambda: {"token_embed": {"embedding": jnp.zeros((128, 32))}})
-    for location, step in [(source / "checkpoints", 40), (source / "checkpoints" / "30", 30)]:
+    monkeypatch.chdir(source.parent)
+    for location, step in [(source / "checkpoints", 40), (source / "checkpoints" / "30", 30),
+                           (f"{source.name}/checkpoints", 40), (f"{source.name}/checkpoints/30", 30)]:
         plan = init_from.prepare(str(location), "", abstract, None, test_config)
         assert plan.source.description == f"{source / 'checkpoints'} step {step}" and len(plan.dropped) == 35

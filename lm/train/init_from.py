@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import os
 from typing import Protocol
 
 import jax
@@ -55,7 +56,8 @@ class CheckpointSource:
     writing checkpoints there is left alone."""
 
     def __init__(self, location: str):
-        path = epath.Path(location)
+        # Orbax reads absolute paths only: a relative one is taken from the working directory.
+        path = epath.Path(location if "://" in location else os.path.abspath(os.path.expanduser(location)))
         if not path.exists():
             raise UserError(f"init_from={location}: no such file or directory; give a run's workdir, its "
                             "checkpoint folder or one step's folder in it")
