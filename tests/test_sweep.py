@@ -150,7 +150,8 @@ def test_the_ablation_sweep_files_are_valid(tmp_path, name):
 
 
 def write_run(folder: pathlib.Path, config: dict, train_losses: list[float], eval_losses: list[float],
-              steps_per_second: list[float] | None = None, num_params: int = 1000, active_params: int = 800):
+              steps_per_second: list[float] | None = None, num_params: int = 1000, active_params: int = 800,
+              train_seconds: float | None = None):
     """A run folder as lm.main writes it: train records at steps 10, 20, ..., eval at 0, 10, 20, ..."""
     folder.mkdir(parents=True)
     (folder / "config.json").write_text(json.dumps(config))
@@ -159,7 +160,9 @@ def write_run(folder: pathlib.Path, config: dict, train_losses: list[float], eva
     records += [{"step": 10 * (i + 1), "loss": loss, "learning_rate": 1e-3, "steps_per_second": speed}
                 for i, (loss, speed) in enumerate(zip(train_losses, speeds, strict=True))]
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))  # NaN -> NaN, as json
-    (folder / "summary.json").write_text(json.dumps({"num_params": num_params, "active_params": active_params}))
+    summary = {"num_params": num_params, "active_params": active_params}
+    (folder / "summary.json").write_text(json.dumps(
+        summary if train_seconds is None else {**summary, "train_seconds": train_seconds}))
 
 
 def base_config(norm: str, seed: int) -> dict:
@@ -196,7 +199,7 @@ def test_comparison_statistics(synthetic_runs, tmp_path):
 
 def test_divergence_and_single_seed_statistics(tmp_path):
     write_run(tmp_path / "a", base_config("layer", 0), [3.0, 2.0, 2.5], [4.0, float("inf")])
-    write_run(tmp_path / "b", base_config("layer", 1), [3.0, 2.0, 2.5], [4.0, 2.0])
+    write_run(tmp_path / "b", base_config("layer", 1), [3.0, 2.0, 2.5], [4.0, 2.0], train_seconds=12.4)
     write_run(tmp_path / "c", base_config("layer", 2), [3.0], [4.0])
     a, b, c = compare.find_runs(tmp_path)
     assert compare.divergence(a) == "eval_loss inf at step 10"
@@ -207,13 +210,13 @@ def test_divergence_and_single_seed_statistics(tmp_path):
     groups = compare.group_runs([b], None)
     assert list(groups) == ["all runs"]
     row = compare.table({"all runs": compare.group_stats([b])}).splitlines()[-1]
-    assert row == "| all runs | 1 | 2.0000 | 2.0000 | 1.00 | 800 / 1,000 | 0/1 |"
+    assert row == "| all runs | 1 | 2.0000 | 2.0000 | 1.00 | 12 | 800 / 1,000 | 0/1 |"
 
 
 def test_results_json_scores_get_a_column_each(tmp_path):
     """Scores after training (results.json) are averaged over seeds; a group without one shows '-'."""
     for seed, score in enumerate([1.0, 2.0]):
-        write_run(tmp_path / f"rope_{seed}", base_config("rope", seed), [3.0], [2.0])
+        write_run(tmp_path / f"rope_{seed}", base_config("rope", seed), [3.0], [2.0], train_seconds=10.0 + 10 * seed)
         (tmp_path / f"rope_{seed}" / "results.json").write_text(json.dumps({"step": 10, "val_ctx128": score}))
     write_run(tmp_path / "learned_0", base_config("learned", 0), [3.0], [2.5])
     (tmp_path / "learned_0" / "results.json").write_text(json.dumps({"step": 10}))
@@ -222,10 +225,11 @@ def test_results_json_scores_get_a_column_each(tmp_path):
     np.testing.assert_allclose(stats["model.norm=rope"]["results"]["val_ctx128"], (1.5, np.sqrt(0.5)))
     assert stats["model.norm=learned"]["results"] == {}
     lines = compare.table(stats).splitlines()
-    assert lines[0] == ("| group | n | final val loss | best val loss | val_ctx128 | steps/s | params (active / total) "
-                        "| diverged |")
-    assert lines[2] == "| model.norm=learned | 1 | 2.5000 | 2.5000 | - | - | 800 / 1,000 | 0/1 |"
-    assert lines[3].startswith("| model.norm=rope | 2 | 2.0000 ± 0.0000 | 2.0000 ± 0.0000 | 1.5000 ± 0.7071 |")
+    assert lines[0] == ("| group | n | final val loss | best val loss | val_ctx128 | steps/s | train s "
+                        "| params (active / total) | diverged |")
+    assert lines[2] == "| model.norm=learned | 1 | 2.5000 | 2.5000 | - | - | - | 800 / 1,000 | 0/1 |"
+    assert lines[3] == ("| model.norm=rope | 2 | 2.0000 ± 0.0000 | 2.0000 ± 0.0000 | 1.5000 ± 0.7071 | - | 15 ± 7 "
+                        "| 800 / 1,000 | 0/2 |")
 
 
 def test_runs_from_several_directories_are_compared_together(synthetic_runs, tmp_path):
@@ -244,7 +248,8 @@ def test_report_and_plots_are_written(synthetic_runs, tmp_path):
     out = tmp_path / "report"
     result = run_cli("lm.compare", str(synthetic_runs), f"--out={out}", "--group_by=model.norm")
     assert result.returncode == 0, result.stderr
-    assert "| model.norm=layer | 3 | 2.2000 ± 0.2000 | 1.9000 ± 0.4000 | 16.00 | 800 / 1,000 | 0/3 |" in result.stdout
+    assert ("| model.norm=layer | 3 | 2.2000 ± 0.2000 | 1.9000 ± 0.4000 | 16.00 | - | 800 / 1,000 | 0/3 |"
+            in result.stdout)
     report = (out / "report.md").read_text()
     assert "| model.norm=rms | 3 |" in report and "2/3 |" in report and "`elsewhere/copied`" in report
     from matplotlib.image import imread

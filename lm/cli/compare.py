@@ -10,6 +10,8 @@ group (or, with --group_by=a,b, runs with the same values of those keys). Per gr
 final and best val loss (last and lowest eval_loss) as mean ± sample std over seeds, the same for every
 score in the runs' results.json (e.g. test BLEU, or val loss at a longer context; '-' where none has
 it), steps/s (mean of the logged steps_per_second, leaving out each run's first logged interval),
+train time (summary.json's train_seconds: the last segment's wall time in the training loop, compiles,
+evals and checkpoints included),
 parameters (summary.json) and how many runs diverged. It writes report.md, train_loss.png and
 val_loss.png (mean curve over seeds with a min-max band) into --out (default: the directory), and
 <metric>.png for each other logged metric named by --plot (e.g. BERT's eval_mlm_accuracy).
@@ -150,6 +152,7 @@ def group_stats(runs: list[Run], spike: float = SPIKE_NATS) -> dict:
         "final_val_loss": mean_std(final),
         "best_val_loss": mean_std(best),
         "steps_per_second": mean_std([steps_per_second(r) for r in runs])[0],
+        "train_seconds": mean_std([r.summary.get("train_seconds") for r in runs]),
         "num_params": runs[0].summary.get("num_params"),
         "active_params": runs[0].summary.get("active_params"),
         "diverged": {name: why for name, why in reasons.items() if why},
@@ -173,14 +176,15 @@ def table(stats: dict[str, dict]) -> str:
     """A Markdown table, a row per group; a column for each results.json score any run has."""
     result_keys = sorted({k for s in stats.values() for k in s["results"]})
     rows = ["| group | n | final val loss | best val loss | " + "".join(f"{k} | " for k in result_keys)
-            + "steps/s | params (active / total) | diverged |",
-            "|---|---|---|---|" + "---|" * len(result_keys) + "---|---|---|"]
+            + "steps/s | train s | params (active / total) | diverged |",
+            "|---|---|---|---|" + "---|" * len(result_keys) + "---|---|---|---|"]
     for label, s in stats.items():
         speed = "-" if s["steps_per_second"] is None else f"{s['steps_per_second']:.2f}"
         params = f"{format_params(s['active_params'])} / {format_params(s['num_params'])}"
         scores = "".join(f"{format_mean_std(s['results'].get(k, (None, None)))} | " for k in result_keys)
         rows.append(f"| {label} | {s['n']} | {format_mean_std(s['final_val_loss'])} | "
-                    f"{format_mean_std(s['best_val_loss'])} | {scores}{speed} | {params} | "
+                    f"{format_mean_std(s['best_val_loss'])} | {scores}{speed} | "
+                    f"{format_mean_std(s['train_seconds'], digits=0)} | {params} | "
                     f"{len(s['diverged'])}/{s['n']} |")
     return "\n".join(rows)
 
@@ -206,6 +210,7 @@ def write_report(roots: list[pathlib.Path], out: pathlib.Path, groups: dict[str,
              table(stats), "",
              "Val loss: mean ± sample std (ddof=1) over seeds of the last (final) and lowest (best) eval_loss. "
              "steps/s: mean of the logged steps_per_second, each run's first logged interval left out. "
+             "train s: seconds in the training loop (summary.json; compiles, evals and checkpoints included). "
              f"Diverged: a NaN/inf loss, or a logged train loss more than {spike:g} nat above the lowest "
              "logged before it. Plots: mean over seeds, band from min to max.", "",
              "![train loss](train_loss.png)", "", "![val loss](val_loss.png)", "",
