@@ -55,6 +55,24 @@ def test_trained_wordpiece_and_vocabulary_checks(tmp_path):
         WordPieceTokenizer.from_vocab("/nowhere/vocab.txt")
 
 
+def test_wordpiece_training_gives_the_same_vocabulary_every_time(tmp_path):
+    """Hugging Face's trainer alone numbers the '##' pieces, which break ties between merges of equal
+    count, in hash order: the same texts gave other pieces and ids from one training to the next."""
+    texts = ["Wel come to the Tok en izers libr ary.", "the cat sat on the mat", "a dog, a log; cats and dogs!",
+             "Tokenizers learn pieces", "sat mat log dog"] * 3
+    vocabularies = {json.dumps(WordPieceTokenizer.train(texts, vocab_size=80).tokenizer.get_vocab(), sort_keys=True)
+                    for _ in range(12)}
+    assert len(vocabularies) == 1
+    trained = WordPieceTokenizer.train(texts, vocab_size=80)
+    continuing = sorted({char for word in "wel come to the tok en izers libr ary cat sat on mat dog log cats and dogs "
+                         "tokenizers learn pieces".split() for char in word[1:]})
+    assert trained.id_pieces(range(5, 5 + len(continuing))) == ["##" + char for char in continuing]
+    assert trained.decode(trained.encode("Welcome to the cats")) == "welcome to the cats"
+    file = tmp_path / "texts.txt"
+    file.write_text("\n".join(texts) + "\n")
+    assert WordPieceTokenizer.train([file], vocab_size=80).tokenizer.get_vocab() == trained.tokenizer.get_vocab()
+
+
 @pytest.fixture(scope="module")
 def tiny_model():
     """A tiny BertForPretraining (vocabulary 50, 16 positions) and its parameters, with a nonzero

@@ -27,6 +27,7 @@ from lm.errors import UserError
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)  # a trained vocabulary's ids 0..4, in this order
+CONTINUATION = "##"  # marks a piece that continues a word
 TOKENIZER_FILE = "tokenizer.json"  # what save writes into a directory
 VOCABS = {"bert-base-uncased": "vocab/bert-base-uncased-vocab.txt"}  # names for data.vocab, under $LM_DATA_DIR
 VOCAB_HOW = ("a vocab.txt of one WordPiece a line, e.g. bert-base-uncased's from the Hugging Face hub "
@@ -78,15 +79,30 @@ class WordPieceTokenizer:
     @classmethod
     def train(cls, texts_or_files: Iterable[str] | Sequence[pathlib.Path], vocab_size: int) -> "WordPieceTokenizer":
         """A vocabulary of at most vocab_size pieces learnt from texts (strings) or plain-text files
-        (pathlib.Path), the specials first (ids 0-4 in SPECIAL_TOKENS' order)."""
-        tokenizer = bert_pipeline(models.WordPiece(unk_token=UNK))
-        trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
-                                            show_progress=False)
+        (pathlib.Path), the specials first (ids 0-4 in SPECIAL_TOKENS' order), then every character that
+        continues a word as a '##' piece, in code point order.
+
+        The same texts give the same vocabulary and ids in every process. The library's trainer alone does
+        not (tokenizers issue #1794): it numbers the '##' characters in hash-map order, and those numbers
+        break ties between merges of equal count. Numbered in advance here, they leave it nothing to break."""
         if isinstance(texts_or_files, Sequence) and texts_or_files and isinstance(texts_or_files[0], pathlib.Path):
-            tokenizer.train([str(path) for path in texts_or_files], trainer)
+            texts = [line for path in texts_or_files for line in path.read_text(encoding="utf-8").splitlines()]
         else:
-            tokenizer.train_from_iterator(texts_or_files, trainer)
-        return cls(tokenizer, f"a WordPiece vocabulary trained to {vocab_size} pieces")
+            texts = list(texts_or_files)
+        tokenizer = bert_pipeline(models.WordPiece(unk_token=UNK))
+        continuations = sorted({char for text in texts
+                                for word, _ in tokenizer.pre_tokenizer.pre_tokenize_str(
+                                    tokenizer.normalizer.normalize_str(text))
+                                for char in word[1:]})
+        trainer = trainers.WordPieceTrainer(
+            vocab_size=vocab_size, show_progress=False,
+            special_tokens=[*SPECIAL_TOKENS, *(CONTINUATION + char for char in continuations)])
+        tokenizer.train_from_iterator(texts, trainer)
+        # The '##' characters went in as the trainer's special tokens, which the tokenizer now treats as
+        # whole, unsplittable tokens: keep only the vocabulary, in a fresh BERT pipeline.
+        vocab = tokenizer.get_vocab(with_added_tokens=False)
+        return cls(bert_pipeline(models.WordPiece(vocab, unk_token=UNK)),
+                   f"a WordPiece vocabulary trained to {vocab_size} pieces")
 
     @property
     def vocab_size(self) -> int:
