@@ -240,9 +240,14 @@ class Translation:
 
 
 def build(config: ml_collections.ConfigDict) -> Translation:
-    """Reads Multi30k, fits the tokenizers on the training split and encodes every split."""
+    """Reads Multi30k (the first data.max_train_pairs training pairs, if set), fits the tokenizers on the
+    training split and encodes every split."""
     d = config.data
+    if d.max_train_pairs < 0:
+        raise UserError(f"data.max_train_pairs={d.max_train_pairs}: give a count of pairs, or 0 for all")
     pairs = {split: translation.load_pairs(split, d.source_lang, d.target_lang) for split in translation.SPLITS}
+    if d.max_train_pairs:
+        pairs["train"] = tuple(side[: d.max_train_pairs] for side in pairs["train"])
     source_tokenizer, target_tokenizer = translation.build_tokenizers(
         d.tokenizer, *pairs["train"], vocab_size=d.vocab_size, model_type=d.sentencepiece_model, min_freq=d.min_freq
     )
@@ -270,6 +275,7 @@ def base_config() -> ml_collections.ConfigDict:
     config.data.sentencepiece_model = "unigram"  # unigram | bpe
     config.data.min_freq = 2  # for word: rarer words become <unk>
     config.data.buckets = (16, 24, 32, 48, 64)  # padded lengths; longer training pairs are dropped
+    config.data.max_train_pairs = 0  # the first so many training pairs (tokenizers fitted on them too; 0: all)
 
     config.optimizer = optimizer_options(warmup_steps=200, decay_steps=2500, b2=0.98)
     # 128 sentences a step: 2500 steps are 11 epochs of the 29k training pairs.
@@ -289,9 +295,10 @@ def base_config() -> ml_collections.ConfigDict:
 
 
 def use_test_sizes(config: ml_collections.ConfigDict) -> None:
-    """The data, schedule and eval of the configs' `test` variants: a 500-piece vocabulary, two
-    bucket shapes (two compilations), 20 steps, greedy and beam-2 scoring; seconds on a CPU."""
-    config.data.update(vocab_size=500, buckets=(16, 32))
+    """The data, schedule and eval of the configs' `test` variants: the first 5000 training pairs, a
+    500-piece vocabulary, two bucket shapes (two compilations), 20 steps, greedy and beam-2 scoring (on
+    the whole val and test splits); seconds on a CPU."""
+    config.data.update(max_train_pairs=5000, vocab_size=500, buckets=(16, 32))
     config.train.update(batch_size=16, num_steps=20, log_every=5, checkpoint_every=10)
     config.optimizer.update(learning_rate=3e-3, warmup_steps=2, decay_steps=20)
     config.eval.update(every=10, bleu_every=0, batch_size=256, beam_sizes=(1, 2))
