@@ -1,5 +1,6 @@
 """Peak FLOP/s per device, for model FLOPs utilisation (MFU)."""
 
+import functools
 import time
 
 import jax
@@ -21,8 +22,10 @@ KNOWN_PEAKS = {
 }
 
 
-def measure_matmul_peak(size: int = 1024, repeats: int = 20, dtype=jnp.float32) -> float:
-    """FLOP/s of a jitted size x size matmul on the default device: the best of `repeats`."""
+@functools.cache
+def measure_matmul_peak(size: int = 1024, repeats: int = 5, dtype=jnp.float32) -> float:
+    """FLOP/s of a jitted size x size matmul on the default device: the best of `repeats` (measured once
+    per process: every run in it, e.g. a sweep's or the test suite's, reads the same figure)."""
     a = jnp.ones((size, size), dtype)
     matmul = jax.jit(lambda x, y: x @ y)
     matmul(a, a).block_until_ready()
