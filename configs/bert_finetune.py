@@ -12,11 +12,12 @@ init_from run's (data.vocab=""), else bert-base-uncased (mini and up pretrain wi
              From scratch (no init_from), 300 steps (--config.train.num_steps=300
              --config.optimizer.decay_steps=300 --config.optimizer.warmup_steps=30 --config.eval.every=100):
              dev accuracy 0.551 / 0.653 / 0.714 at steps 100 / 200 / 300, 13.7 min wall on the 2-core CPU
-             shared with other jobs (load average ~11; 4.6 CPU-min). With init_from: not yet measured.
+             shared with other jobs (load average ~11; 4.6 CPU-min). Pretrained vs scratch at a CPU budget
+             (experiments/sweeps/bert_sst2_cpu.py, 400 steps, 3 seeds): docs/bert.md#pretrained-vs-scratch.
   conll2003  NER, rows of 128, batch 32, 1500 steps (~3.4 epochs), lr 1e-4; valid and test entity F1.
              python -m lm.main --config=configs/bert_finetune.py:conll2003 --workdir=runs/conll2003 \
                  --config.init_from=runs/bert_mini
-             Not yet measured.
+             At a CPU budget, pretrained vs scratch: docs/bert.md#pretrained-vs-scratch.
   squad      rows of 384 (question <= 64 pieces, windows every 128 context pieces), batch 32, 1200 steps
              (~3 epochs of the 44-article training subset's 12k windows), lr 1e-4; dev EM and F1.
              python -m lm.main --config=configs/bert_finetune.py:squad --workdir=runs/squad \
@@ -26,7 +27,7 @@ init_from run's (data.vocab=""), else bert-base-uncased (mini and up pretrain wi
              Spearman on dev and test.
              python -m lm.main --config=configs/bert_finetune.py:stsb --workdir=runs/stsb \
                  --config.init_from=runs/bert_mini
-             Not yet measured.
+             At a CPU budget, pretrained vs scratch: docs/bert.md#pretrained-vs-scratch.
   TASK_tiny  the tiny encoder (2 / 64 / 2, max 64 positions), 64-piece rows, the first 256 training and
              64 dev/test examples (SQuAD: questions), 10 steps: seconds, for tests. Pretrain the tiny
              encoder first (its own 1000-piece vocabulary, which the fine-tune then reads from the run):
