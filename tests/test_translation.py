@@ -13,6 +13,7 @@ from conftest import shared_folder, train_sentencepiece_once
 
 from experiments.translation import Translation, build
 from lm.data import translation
+from lm.errors import UserError
 from lm.train.loop import mean_metrics, train
 
 
@@ -124,3 +125,17 @@ def test_eval_metrics_are_token_weighted(rnn_experiment):
     assert [float(w) for _, w in outputs] == [len(t) for t in per_token]
     assert weighted["cross_entropy"] == pytest.approx(np.concatenate(per_token).mean(), rel=1e-5)
     assert weighted["cross_entropy"] != pytest.approx(np.mean([t.mean() for t in per_token]), rel=1e-3)
+
+
+def test_max_train_pairs_keeps_the_first_pairs_and_rejects_a_negative_count(rnn_experiment):
+    """The test variants train on the first 5000 pairs (data.max_train_pairs), the eval splits whole."""
+    sources, _ = rnn_experiment.splits["train"]
+    first = translation.load_pairs("train", "de", "en")[0][:5000]
+    assert len(sources) == 5000
+    assert rnn_experiment.source_tokenizer.decode(sources[-1]) == rnn_experiment.source_tokenizer.decode(
+        rnn_experiment.source_tokenizer.encode(first[-1]))
+    assert len(rnn_experiment.splits["val"][0]) == 1014
+    config = get_config("translate_rnn")
+    config.data.max_train_pairs = -1
+    with pytest.raises(UserError, match="data.max_train_pairs=-1: give a count of pairs, or 0 for all"):
+        build(config)

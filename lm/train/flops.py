@@ -25,7 +25,7 @@ KNOWN_PEAKS = {
 @functools.cache
 def measure_matmul_peak(size: int = 1024, repeats: int = 5, dtype=jnp.float32) -> float:
     """FLOP/s of a jitted size x size matmul on the default device: the best of `repeats` (measured once
-    per process: every run in it, e.g. a sweep's or the test suite's, reads the same figure)."""
+    per process: every run in it, e.g. a notebook's or the test suite's, reads the same figure)."""
     a = jnp.ones((size, size), dtype)
     matmul = jax.jit(lambda x, y: x @ y)
     matmul(a, a).block_until_ready()
