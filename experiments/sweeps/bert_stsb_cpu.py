@@ -2,8 +2,10 @@
 pretrained encoder and from random initialisation, 3 seeds each, 360 steps of 32 rows of 64 pieces, so the six runs
 fit a 2-core machine; docs/bert.md#pretrained-vs-scratch has the figures.
 
-  python -m lm.main --config=configs/bert.py:mini --workdir=runs/bert_mini   # the pretrained encoder, first
-  # (the study used its step-1000 checkpoint: the run stopped there for the session's time)
+  python -m lm.main --config=configs/bert.py:mini --workdir=runs/bert_mini \
+      --config.train.keep_checkpoints=4   # the encoder first, its step-1000 checkpoint kept
+  # (init_from names that step: the study's pretraining stopped there for the session's time;
+  # with the default of 2 kept, a finished run holds only steps 1500 and 2000)
   python -m lm.sweep --sweep_file=experiments/sweeps/bert_stsb_cpu.py --workdir=runs/bert_stsb_cpu
   python -m lm.compare runs/bert_stsb_cpu --group_by=init_from
 """
