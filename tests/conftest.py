@@ -46,17 +46,16 @@ def subprocess_env(devices: int = 1, **changes: str | None) -> dict[str, str]:
     return {k: v for k, v in env.items() if v is not None}
 
 
-def keep_first_multi30k_pairs(patch: pytest.MonkeyPatch, train: int, other: int) -> None:
-    """While patch is active, lm.data.translation.load_pairs returns only the first `train` pairs of the
-    training split and the first `other` of every other split (for tests whose subject is not the scores)."""
+def keep_first_eval_pairs(patch: pytest.MonkeyPatch, count: int) -> None:
+    """While patch is active, lm.data.translation.load_pairs returns only the first `count` pairs of every
+    split but train (which data.max_train_pairs cuts), for tests whose subject is not the scores."""
     from lm.data import translation
 
     load_pairs = translation.load_pairs
 
     def first_pairs(split, *langs):
         sources, targets = load_pairs(split, *langs)
-        count = train if split == "train" else other
-        return sources[:count], targets[:count]
+        return (sources, targets) if split == "train" else (sources[:count], targets[:count])
 
     patch.setattr(translation, "load_pairs", first_pairs)
 

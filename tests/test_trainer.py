@@ -6,7 +6,7 @@ import pathlib
 
 import jax
 import pytest
-from conftest import keep_first_multi30k_pairs
+from conftest import keep_first_eval_pairs
 
 from lm.train.loop import train
 from lm.train.setup import build, restore_params
@@ -76,8 +76,9 @@ def test_an_experiment_evaluator_runs_at_its_steps_and_every_bucket_shape_compil
     from lm.data import translation
     from lm.data.bleu import corpus_bleu
 
-    keep_first_multi30k_pairs(monkeypatch, train=300, other=40)
+    keep_first_eval_pairs(monkeypatch, 40)
     config = get_config("test")
+    config.data.max_train_pairs = 300
     config.train.update(num_steps=10, checkpoint_every=10)
     config.eval.update(every=5, bleu_every=10, beam_sizes=())
     summary = train(config, str(tmp_path), devices=jax.devices()[:1])

@@ -8,7 +8,7 @@ import jax
 import matplotlib.image
 import numpy as np
 import pytest
-from conftest import REPO, keep_first_multi30k_pairs, subprocess_env
+from conftest import REPO, keep_first_eval_pairs, subprocess_env
 
 from experiments.translation import Translation
 from lm import plots
@@ -70,14 +70,14 @@ def rnn_run(tmp_path_factory, data_dir):
     from lm.train.loop import train
 
     config = get_config("test")
-    config.data.buckets = (16, 32)
+    config.data.update(buckets=(16, 32), max_train_pairs=200)
     config.train.num_steps = 2
     config.eval.every = 1000
     if "beam_sizes" in config.eval:
         config.eval.beam_sizes = (1,)
     workdir = tmp_path_factory.mktemp("mt_rnn")
     with pytest.MonkeyPatch.context() as patch:
-        keep_first_multi30k_pairs(patch, train=200, other=8)
+        keep_first_eval_pairs(patch, 8)
         train(config, str(workdir), devices=jax.devices()[:1])
     return workdir
 
