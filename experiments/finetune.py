@@ -282,12 +282,22 @@ class FineTune:
 
     @functools.partial(jax.jit, static_argnums=0)
     def _predict(self, params, batch):
-        return self.task.predict(self.model.apply({"params": params}, batch))
+        """A batch's predictions, and its loss weighted by what the batch counts (with that weight), so one
+        pass over a split gives its scores and its mean loss."""
+        outputs = self.model.apply({"params": params}, batch)
+        loss, _ = self.task.loss(outputs, batch)
+        weight = self.task.weight(batch)
+        return self.task.predict(outputs), loss * weight, weight
 
     def scores(self, params, split: str) -> dict[str, float]:
-        """The task's scores on a split, from the predictions of every row (in order)."""
-        predicted = np.concatenate([np.asarray(self._predict(params, batch)) for batch in self.eval_data(split)])
-        return self.task.score(predicted[: len(self.splits[split].rows["tokens"])], self.splits[split])
+        """The task's scores on a split, from the predictions of every row (in order), and its mean loss."""
+        predicted, loss_sum, weight_sum = [], 0.0, 0.0
+        for batch in self.eval_data(split):
+            batch_predicted, batch_loss, batch_weight = self._predict(params, batch)
+            predicted.append(np.asarray(batch_predicted))
+            loss_sum, weight_sum = loss_sum + float(batch_loss), weight_sum + float(batch_weight)
+        rows = len(self.splits[split].rows["tokens"])
+        return {**self.task.score(np.concatenate(predicted)[:rows], self.splits[split]), "loss": loss_sum / weight_sum}
 
     def evaluators(self) -> list[Evaluator]:
         """The task's scores on its dev split every eval.every steps (logged as dev_<score>)."""
@@ -309,11 +319,10 @@ class FineTune:
 
     def final_results(self, params, evaluate, workdir: pathlib.Path) -> dict[str, float]:
         """The task's scores on each scored split (dev; CoNLL-2003 valid and test; STS-B dev and test),
-        named <split>_<score>, and the loss there."""
+        named <split>_<score>, and the loss there (<split>_loss), from one pass over each."""
         results = {}
         for split in self.task.scored:
             results.update({f"{split}_{k}": v for k, v in self.scores(params, split).items()})
-            results[f"{split}_loss"] = evaluate(self.eval_data(split))["loss"]
         return results
 
 

@@ -123,6 +123,9 @@ def test_tiny_pretrain_then_fine_tune_through_the_trainer(tmp_path, data_dir, ca
     assert 0 <= summary["dev_accuracy"] <= 1  # the evaluator's score during training
     results = json.loads((tmp_path / "sst2" / "results.json").read_text())
     assert 0 <= results["dev_accuracy"] <= 1 and np.isfinite(results["dev_loss"])
+    # one pass gives the scores and the loss: the loss the trainer's own eval computed on the same rows
+    assert results["dev_accuracy"] == summary["dev_accuracy"]
+    assert results["dev_loss"] == pytest.approx(summary["eval_loss"], rel=1e-5)
     # the fine-tune read the pretraining run's own vocabulary (1000 trained pieces), and saved it
     saved = json.loads((tmp_path / "sst2" / "tokenizer" / "tokenizer.json").read_text())
     assert len(saved["model"]["vocab"]) == 1000

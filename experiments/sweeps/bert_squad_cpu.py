@@ -1,0 +1,28 @@
+"""The CPU budget of experiments/sweeps/bert_squad.py: BERT-Mini fine-tuned on SQuAD v1.1 (trained on the 44-article
+subset of the training set, 11,877 questions; exact match and F1 on the whole official dev set, 10,570 questions)
+from the finished pretraining (step 2000) and from random initialisation, 3 seeds each, 400 steps of 32 windows of
+128 pieces (questions cut to 32 pieces, a window every 64 context pieces: 24,375 training windows, so about half an
+epoch), so the six runs fit a 2-core machine; docs/bert.md#pretrained-vs-scratch has the figures. The dev set is
+scored once, after the last step (eval.every=0: its 24,161 windows cost ~3.5 min of a CPU core a pass).
+
+  python -m lm.main --config=configs/bert.py:mini --workdir=runs/bert_mini \
+      --config.train.keep_checkpoints=4   # the encoder first (the other CPU sweeps also read its step 1000)
+  python -m lm.sweep --sweep_file=experiments/sweeps/bert_squad_cpu.py --workdir=runs/bert_squad_cpu
+  python -m lm.compare runs/bert_squad_cpu --group_by=init_from
+"""
+
+CONFIG = "configs/bert_finetune.py:squad"
+AXES = {
+    "init_from": ["runs/bert_mini/checkpoints/2000", ""],
+    "seed": [0, 1, 2],
+}
+OVERRIDES = {
+    "data.max_seq_len": 128,
+    "data.max_query_length": 32,
+    "data.doc_stride": 64,
+    "train.num_steps": 400,
+    "optimizer.decay_steps": 400,
+    "optimizer.warmup_steps": 40,
+    "eval.every": 0,
+    "train.checkpoint_every": 400,
+}
