@@ -329,6 +329,9 @@ class FineTune:
 def build(config: ml_collections.ConfigDict) -> FineTune:
     """The tokenizer (find_tokenizer), then the task's splits encoded with it (data.max_train_examples and
     data.max_eval_examples keep the first so many; 0: all)."""
+    for key in ("max_train_examples", "max_eval_examples"):
+        if config.data[key] < 0:
+            raise UserError(f"data.{key}={config.data[key]}: give a count of examples, or 0 for all")
     tokenizer = find_tokenizer(config)
     task = make_task(config)
     splits = {}

@@ -224,6 +224,10 @@ def test_bad_input_is_one_clear_line(tmp_path, monkeypatch, data_dir):
     config.data.vocab = "bert-base-uncased"  # and vocab_size=1000: which one?
     with pytest.raises(UserError, match=r"give one"):
         experiment.build(config)
+    config = get_config("tiny")
+    config.data.max_documents = -5
+    with pytest.raises(UserError, match=r"data.max_documents=-5: give a count of documents per corpus file, or 0"):
+        experiment.build(config)
     monkeypatch.setenv("LM_DATA_DIR", str(tmp_path))
     with pytest.raises(UserError, match=r"corpus/us_presidential_speeches.txt.gz not found .*set LM_DATA_DIR"):
         experiment.build(get_config("tiny"))

@@ -71,7 +71,15 @@ def test_squad_windows_cover_the_context_and_map_answers_back(tokenizer):
 
 
 def test_missing_file_and_bad_labels_are_one_line_errors(tmp_path, monkeypatch, data_dir):
+    from configs import bert_finetune
+    from experiments.finetune import build
     from lm.data.tasks import sst2, stsb
+
+    for key in ("max_train_examples", "max_eval_examples"):
+        config = bert_finetune.get_config("sst2_tiny")
+        config.data[key] = -1
+        with pytest.raises(UserError, match=rf"data.{key}=-1: give a count of examples, or 0 for all"):
+            build(config)
 
     monkeypatch.setenv("LM_DATA_DIR", str(tmp_path))
     with pytest.raises(UserError, match=r"sst2/dev.tsv not found .*set LM_DATA_DIR to a folder holding sst2/dev.tsv"):
