@@ -3,10 +3,8 @@ F1) from the pretrained encoder halfway (step 1000) and finished (step 2000) and
 each, 400 steps of 32 rows of 64 pieces, so the nine runs fit a 2-core machine; docs/bert.md#pretrained-vs-scratch has
 the figures.
 
-  python -m lm.main --config=configs/bert.py:mini --workdir=runs/bert_mini \
-      --config.train.keep_checkpoints=4   # the encoder first, its step-1000 checkpoint kept
-  # (the pretrained arms start from the encoder halfway, step 1000, and finished, step 2000; with the
-  # default of 2 kept, a finished run holds only steps 1500 and 2000)
+  python -m lm.main --config=configs/bert.py:mini --workdir=runs/bert_mini   # the encoder first (it keeps
+  # its checkpoints of steps 500-2000: the pretrained arms start from step 1000, halfway, and 2000, finished)
   python -m lm.sweep --sweep_file=experiments/sweeps/bert_conll2003_cpu.py --workdir=runs/bert_conll2003_cpu
   python -m lm.compare runs/bert_conll2003_cpu --group_by=init_from
 """

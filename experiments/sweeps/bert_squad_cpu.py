@@ -5,8 +5,7 @@ from the finished pretraining (step 2000) and from random initialisation, 3 seed
 epoch), so the six runs fit a 2-core machine; docs/bert.md#pretrained-vs-scratch has the figures. The dev set is
 scored once, after the last step (eval.every=0: its 24,161 windows cost ~3.5 min of a CPU core a pass).
 
-  python -m lm.main --config=configs/bert.py:mini --workdir=runs/bert_mini \
-      --config.train.keep_checkpoints=4   # the encoder first (the other CPU sweeps also read its step 1000)
+  python -m lm.main --config=configs/bert.py:mini --workdir=runs/bert_mini   # the encoder first
   python -m lm.sweep --sweep_file=experiments/sweeps/bert_squad_cpu.py --workdir=runs/bert_squad_cpu
   python -m lm.compare runs/bert_squad_cpu --group_by=init_from
 """
