@@ -137,9 +137,10 @@ def test_sweep_file(tmp_path):
         sweep.load_sweep_file(str(file))
 
 
-@pytest.mark.parametrize("name", ["norm_position", "norm_kind", "mlp_kind", "positions", "sinusoidal_scaled",
-                                  "bert_sst2", "bert_conll2003", "bert_squad", "bert_stsb",
-                                  "bert_sst2_cpu", "bert_conll2003_cpu", "bert_stsb_cpu"])
+SWEEP_FILES = sorted(path.stem for path in (REPO / "experiments" / "sweeps").glob("*.py") if path.stem != "__init__")
+
+
+@pytest.mark.parametrize("name", SWEEP_FILES)
 def test_the_ablation_sweep_files_are_valid(tmp_path, name):
     spec, axes, overrides = sweep.load_sweep_file(str(REPO / "experiments" / "sweeps" / f"{name}.py"))
     arms = sweep.plan_sweep(spec, axes, overrides, tmp_path)
