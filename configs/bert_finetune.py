@@ -22,7 +22,8 @@ init_from run's (data.vocab=""), else bert-base-uncased (mini and up pretrain wi
              (~3 epochs of the 44-article training subset's 12k windows), lr 1e-4; dev EM and F1.
              python -m lm.main --config=configs/bert_finetune.py:squad --workdir=runs/squad \
                  --config.init_from=runs/bert_mini
-             Not yet measured (meant for an accelerator: 384-piece rows).
+             Meant for an accelerator (384-piece rows). At a CPU budget, pretrained vs scratch (rows of 128,
+             400 steps; experiments/sweeps/bert_squad_cpu.py): docs/bert.md#pretrained-vs-scratch.
   stsb       sentence-pair regression, rows of 128, batch 32, 540 steps (3 epochs), lr 1e-4; Pearson and
              Spearman on dev and test.
              python -m lm.main --config=configs/bert_finetune.py:stsb --workdir=runs/stsb \
