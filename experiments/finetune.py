@@ -282,8 +282,8 @@ class FineTune:
 
     @functools.partial(jax.jit, static_argnums=0)
     def _predict(self, params, batch):
-        """A batch's predictions, and its loss weighted by what the batch counts (with that weight), so one
-        pass over a split gives its scores and its mean loss."""
+        """A batch's predictions, its mean loss times its weight (what it counts in the split's mean) and that
+        weight: one pass over a split gives its scores and its mean loss."""
         outputs = self.model.apply({"params": params}, batch)
         loss, _ = self.task.loss(outputs, batch)
         weight = self.task.weight(batch)
