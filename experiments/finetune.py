@@ -32,7 +32,7 @@ from experiments.masked_lm import TOKENIZER_DIR  # <workdir>/tokenizer/tokenizer
 from lm import sharding, task_metrics
 from lm.data.tasks import common, conll2003, squad, sst2, stsb
 from lm.data.wordpiece import TOKENIZER_FILE, WordPieceTokenizer
-from lm.errors import UserError
+from lm.errors import UserError, check_count
 from lm.layers.heads import PooledClassifier, RegressionHead, SpanHead, TokenTagger
 from lm.layers.moe import parameter_counts
 from lm.losses import cross_entropy, masked_accuracy, masked_cross_entropy, masked_mean, mean_squared_error
@@ -330,8 +330,7 @@ def build(config: ml_collections.ConfigDict) -> FineTune:
     """The tokenizer (find_tokenizer), then the task's splits encoded with it (data.max_train_examples and
     data.max_eval_examples keep the first so many; 0: all)."""
     for key in ("max_train_examples", "max_eval_examples"):
-        if config.data[key] < 0:
-            raise UserError(f"data.{key}={config.data[key]}: give a count of examples, or 0 for all")
+        check_count(config.data, key, "examples")
     tokenizer = find_tokenizer(config)
     task = make_task(config)
     splits = {}

@@ -16,7 +16,7 @@ import numpy as np
 
 from lm.data import masked_lm
 from lm.data.wordpiece import WordPieceTokenizer
-from lm.errors import UserError
+from lm.errors import UserError, check_count
 from lm.layers.moe import parameter_counts
 from lm.losses import cross_entropy, masked_accuracy, masked_cross_entropy, moe_objective
 from lm.models.bert import BertForPretraining, bert_config, flops_per_sequence
@@ -109,9 +109,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     if d.max_seq_len < 8 or not 0 < d.mask_prob < 1 or d.max_predictions < 1:
         raise UserError(f"need data.max_seq_len >= 8 (got {d.max_seq_len}), 0 < data.mask_prob < 1 (got "
                         f"{d.mask_prob}) and data.max_predictions >= 1 (got {d.max_predictions})")
-    if d.max_documents < 0:
-        raise UserError(f"data.max_documents={d.max_documents}: give a count of documents per corpus file, or 0 "
-                        "for all")
+    check_count(d, "max_documents", "documents per corpus file")
     if bool(d.vocab) == bool(d.vocab_size):
         raise UserError(f"data.vocab={d.vocab!r}, data.vocab_size={d.vocab_size}: give one, a vocab.txt name or "
                         "path (e.g. 'bert-base-uncased'), or data.vocab='' and data.vocab_size=N to train one")

@@ -24,7 +24,7 @@ from lm.data import translation
 from lm.data.bleu import corpus_bleu, tokenized_bleu
 from lm.decode.search import beam_search, greedy_search, rnn_step_fn, transformer_step_fn
 from lm.distributed import is_primary
-from lm.errors import UserError
+from lm.errors import UserError, check_count
 from lm.layers.moe import parameter_counts
 from lm.layers.transformer import sown_per_layer
 from lm.losses import masked_accuracy, masked_cross_entropy, moe_objective
@@ -243,8 +243,7 @@ def build(config: ml_collections.ConfigDict) -> Translation:
     """Reads Multi30k (the first data.max_train_pairs training pairs, if set), fits the tokenizers on the
     training split and encodes every split."""
     d = config.data
-    if d.max_train_pairs < 0:
-        raise UserError(f"data.max_train_pairs={d.max_train_pairs}: give a count of pairs, or 0 for all")
+    check_count(d, "max_train_pairs", "pairs")
     pairs = {split: translation.load_pairs(split, d.source_lang, d.target_lang) for split in translation.SPLITS}
     if d.max_train_pairs:
         pairs["train"] = tuple(side[: d.max_train_pairs] for side in pairs["train"])
