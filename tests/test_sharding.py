@@ -60,3 +60,47 @@ def test_a_mesh_axis_that_does_not_divide_a_parameter_is_a_user_error(data_dir, 
     init = state_builder(load_experiment(test_config), make_optimizer(test_config.optimizer))
     with pytest.raises(UserError, match=r"a dimension of 4 cannot be split over mesh axes expert \(8 devices\)"):
         abstract_state(init, jax.random.key(0), mesh, rules)
+
+
+@pytest.mark.parametrize("sizes", [{"data": 2, "fsdp": 4}, {"data": 2, "fsdp": 2, "tensor": 2}, {"fsdp": 8}])
+def test_token_rows_reach_the_batch_layout_without_replicating_the_activations(sizes, capfd):
+    """An FSDP-sharded table's rows (take_rows), then the activations' layout, forward and backward: the
+    values are table[ids] and its scatter-add gradient, and XLA compiles it without gathering the whole
+    batch of rows on every device (what it does when the gather's output goes to the batch layout
+    directly with the batch over data x fsdp; with tensor too, it warns of it)."""
+    import flax.linen as nn
+    import jax.numpy as jnp
+    import numpy as np
+
+    from lm.layers.partitioning import constrain, take_rows
+
+    mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "expert": 1, "tensor": 1, **sizes})
+    batch, length, vocab, width = 16, 8, 64, 32
+    rng = np.random.default_rng(0)
+    table = rng.normal(size=(vocab, width)).astype(np.float32)
+    ids = rng.integers(0, vocab, size=(batch, length)).astype(np.int32)
+    weights = rng.normal(size=(batch, length, width)).astype(np.float32)
+
+    def rows_and_grad(table, ids, weights):
+        def loss(table):
+            rows = constrain(take_rows(table, ids), ("batch", "length", "embed"))
+            return jnp.sum(rows * weights), rows
+        return jax.grad(loss, has_aux=True)(table)
+
+    with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.DEFAULT_RULES):
+        table_sharding, ids_sharding = sharding.logical_shardings(
+            (nn.Partitioned(jax.ShapeDtypeStruct(table.shape, table.dtype), ("vocab", "embed")),
+             nn.Partitioned(jax.ShapeDtypeStruct(ids.shape, ids.dtype), ("batch", "length"))),
+            mesh, sharding.DEFAULT_RULES)
+        args = (jax.device_put(table, table_sharding), jax.device_put(ids, ids_sharding), weights)
+        capfd.readouterr()
+        step = jax.jit(rows_and_grad).lower(*args).compile()
+        grad, rows = step(*args)
+    assert "Involuntary full rematerialization" not in capfd.readouterr().err
+    whole_batch_of_rows = [line for line in step.as_text().splitlines()
+                           if "all-gather(" in line and f"= f32[{batch}," in line]
+    assert not whole_batch_of_rows
+    np.testing.assert_array_equal(np.asarray(rows), table[ids])
+    expected_grad = np.zeros_like(table)
+    np.add.at(expected_grad, ids.reshape(-1), weights.reshape(-1, width))
+    np.testing.assert_allclose(np.asarray(grad), expected_grad, rtol=1e-5, atol=1e-5)

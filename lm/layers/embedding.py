@@ -15,7 +15,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from lm.layers.partitioning import constrain, param_init
+from lm.layers.partitioning import constrain, param_init, take_rows
 from lm.layers.positions import PositionEmbedding
 from lm.layers.transformer import TransformerConfig
 
@@ -34,7 +34,7 @@ class TokenEmbedding(nn.Module):
                                     jnp.float32)
 
     def __call__(self, ids: jax.Array) -> jax.Array:
-        return jnp.take(self.embedding, ids, axis=0).astype(self.dtype)  # float32 gather, then cast
+        return take_rows(self.embedding, ids).astype(self.dtype)  # float32 gather, then cast
 
     def attend(self, query: jax.Array) -> jax.Array:
         """query (..., features) -> (..., num_embeddings) logits, a matmul in dtype."""
