@@ -84,7 +84,8 @@ def save_loss_curves(path: str | pathlib.Path, curves: Mapping[str, tuple[np.nda
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(8.0, 5.0), dpi=DPI, layout="constrained")
+    legend_lines = len(curves) if len(curves) > 3 else 0  # a long legend goes below the axes, not over the curves
+    figure = Figure(figsize=(8.0, 5.0 + 0.2 * legend_lines), dpi=DPI, layout="constrained")
     FigureCanvasAgg(figure)
     ax = figure.subplots()
     colours = [f"C{i % 10}" for i in range(len(curves))]
@@ -95,7 +96,9 @@ def save_loss_curves(path: str | pathlib.Path, curves: Mapping[str, tuple[np.nda
     ax.set_ylabel(ylabel)
     ax.set_title(title or ylabel)
     ax.grid(alpha=0.3)
-    if curves:
+    if legend_lines:
+        figure.legend(loc="outside lower center", fontsize=8)
+    elif curves:
         ax.legend(fontsize=8)
     else:
         ax.text(0.5, 0.5, "nothing logged", ha="center", va="center", transform=ax.transAxes)

@@ -33,6 +33,12 @@ def pytest_configure(config):
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 
 
+def pytest_collection_modifyitems(items):
+    """The tests marked slow (10 s or more of a core each) first: the xdist workers (pyproject.toml runs
+    them with --dist worksteal) then end on short tests and finish together."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def pytest_unconfigure(config):
     if hasattr(config, "jax_cache_dir"):
         shutil.rmtree(config.jax_cache_dir, ignore_errors=True)

@@ -63,6 +63,7 @@ def train_log(config, workdir) -> tuple[list[dict], dict]:
     return records, setup.restore_params(config, build(config), workdir)
 
 
+@pytest.mark.slow
 def test_k_steps_per_dispatch_equal_k_single_steps(data_dir, test_config, tmp_path):
     """steps_per_dispatch=4 with logs every 6 steps (dispatches of 4 and 2 steps): the same logged
     losses, grad norms and eval losses, and the same final parameters, as one step per dispatch."""
@@ -123,6 +124,7 @@ def test_the_compilation_cache_is_on_by_default(tmp_path, monkeypatch):
         compilation_cache.reset_cache()
 
 
+@pytest.mark.slow
 def test_a_second_identical_run_compiles_faster(tmp_path, data_dir):
     """Two runs of the same command with the default cache (a fresh per-user folder here): the second
     names the same cache in its first lines and loads the train step instead of compiling it."""

@@ -235,6 +235,7 @@ def test_bad_input_is_one_clear_line(tmp_path, monkeypatch, data_dir):
         experiment.build(get_config("mini"))
 
 
+@pytest.mark.slow
 def test_tiny_pretraining_run_learns(tmp_path, data_dir):
     config = get_config("tiny")
     summary = train(config, str(tmp_path), devices=jax.devices()[:1])
@@ -246,6 +247,7 @@ def test_tiny_pretraining_run_learns(tmp_path, data_dir):
     assert WordPieceTokenizer.load(tmp_path / "tokenizer").vocab_size == 1000
 
 
+@pytest.mark.slow
 def test_pretraining_on_an_8_device_mesh_matches_one_device(data_dir):
     """data 2 x fsdp 2 x tensor 2: the sharded embeddings (token, position, segment), the masked-position
     gather, the tied output over the padded vocabulary and the dropout masks give one device's losses,

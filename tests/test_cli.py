@@ -153,6 +153,7 @@ def test_sampling_from_an_empty_workdir(tmp_path, capsys):
     assert_user_error(main_in_process(capsys, sample_cli, f"--workdir={tmp_path}"), "config.json")
 
 
+@pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_and_the_rerun_resumes(tmp_path, data_dir):
     workdir = tmp_path / "run"
     args = [sys.executable, "-m", "lm.main", CONFIG, f"--workdir={workdir}", "--config.train.num_steps=100000",

@@ -5,9 +5,11 @@ finished checkpoint restores, and the losses and final parameters equal an unint
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO, subprocess_env
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_moments_loses_nothing(tmp_path, data_dir):
     env = subprocess_env()  # one CPU device, as a user has
     result = subprocess.run(

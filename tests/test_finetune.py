@@ -103,6 +103,7 @@ def test_missing_file_and_bad_labels_are_one_line_errors(tmp_path, monkeypatch, 
         stsb.load("test")
 
 
+@pytest.mark.slow
 def test_tiny_pretrain_then_fine_tune_through_the_trainer(tmp_path, data_dir, capsys):
     import jax
 

@@ -28,6 +28,7 @@ def losses(workdir: pathlib.Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in records if "loss" in r}
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_stop_together_and_restore_on_other_meshes(tmp_path, data_dir, test_config):
     """2 processes x 4 devices (a data 8 mesh), coordinated by jax.distributed over localhost (gloo
     collectives) and started as on two nodes by the plain multi-node launcher, train as 1 process x 8

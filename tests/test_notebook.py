@@ -2,10 +2,12 @@
 it trains, resumes from its checkpoint, samples and plots."""
 
 import nbformat
+import pytest
 from conftest import REPO, subprocess_env
 from nbclient import NotebookClient
 
 
+@pytest.mark.slow
 def test_colab_notebook_runs_in_smoke_mode(tmp_path, data_dir, monkeypatch):
     notebook = nbformat.read(REPO / "launch" / "colab.ipynb", as_version=4)
     workdir = tmp_path / "run"

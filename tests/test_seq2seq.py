@@ -188,6 +188,7 @@ def reverse_task(n: int = 64, length: int = 5, tokens: int = 10, seed: int = 0):
     }
 
 
+@pytest.mark.slow
 def test_bahdanau_overfits_reversal():
     data = {k: jnp.asarray(v) for k, v in reverse_task().items()}
     config = Seq2SeqConfig(16, 16, embed_dim=16, hidden_dim=32, attention="bahdanau")

@@ -279,6 +279,7 @@ def test_compare_errors_are_one_line(synthetic_runs, tmp_path, capsys, group_by,
 # --- end to end -------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_sweep_of_the_test_config_then_compare(tmp_path, data_dir, capsys):
     """Two real lm.main runs at a time (one device each, for speed; the grid's product and order are
     checked above without running), a rerun that resumes the arm whose results.json was deleted and

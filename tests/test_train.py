@@ -65,6 +65,7 @@ def _experiment(config):
     return load_experiment(config)
 
 
+@pytest.mark.slow
 def test_sharded_8_device_mesh_matches_one_device(tmp_path, data_dir, test_config):
     assert jax.device_count() == 8
     test_config.train.num_steps = 10
@@ -88,6 +89,7 @@ def test_gradient_accumulation_matches_the_full_batch(tmp_path, data_dir, test_c
     np.testing.assert_allclose(list(accum.values()), list(full.values()), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_mixture_of_experts_trains_sharded_over_experts_and_logs_routing(tmp_path, data_dir, test_config):
     """The trainer on a data 2 x expert 4 mesh: parameter counts and routing metrics. (That the sharded
     layer computes what one device does: tests/test_moe.py.)"""

@@ -63,6 +63,7 @@ def test_the_cycle_finder_finds_one():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
 
 
+@pytest.mark.slow
 def test_an_experiment_evaluator_runs_at_its_steps_and_every_bucket_shape_compiles_first(tmp_path, monkeypatch,
                                                                                           capsys):
     """The translation test config for 10 steps, the eval loss every 5 and the val BLEU evaluator every

@@ -93,6 +93,7 @@ def no_data(monkeypatch):
     monkeypatch.setattr(translation, "load_pairs", refuse)
 
 
+@pytest.mark.slow
 def test_cli_translates_from_the_run_folder(rnn_run, no_data, monkeypatch, capsys, tmp_path):
     experiment, params = load_run(rnn_run, "translation")
     calls = []  # the CLI gets this same loaded run (saves compiling each search twice)

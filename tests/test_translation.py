@@ -21,6 +21,7 @@ def get_config(name: str, variant: str = "test"):
     return __import__(f"configs.{name}", fromlist=["get_config"]).get_config(variant)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "config_name, overrides, beam_sizes",
     [
@@ -74,6 +75,7 @@ def short_pairs(experiment: Translation, count: int, length: int) -> translation
     return translation.make_batch(sources, targets, rows, length)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("architecture", ["rnn", "transformer"])
 def test_tiny_model_overfits_32_pairs_and_greedy_decodes_them(rnn_experiment, architecture):
     if architecture == "rnn":

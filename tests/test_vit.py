@@ -84,6 +84,7 @@ def test_bad_model_options():
         tiny_vit(patch_size=5)
 
 
+@pytest.mark.slow
 def test_overfits_128_images(cifar_train):
     """A tiny ViT reaches 100% training accuracy on 128 real CIFAR-10 images."""
     train_images, train_labels = cifar_train
@@ -283,6 +284,7 @@ def test_downloads_are_checked_against_their_md5(tmp_path, monkeypatch):
     assert path == tmp_path / "cache" / "d" / "a.bin" and path.read_bytes() == b"pixels"
 
 
+@pytest.mark.slow
 def test_trainer_end_to_end(tmp_path, data_dir):
     from configs.vit_cifar10 import get_config
     from lm.train.loop import train
