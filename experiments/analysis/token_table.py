@@ -1,12 +1,13 @@
 """How a pretrained BERT run's token table depends on how often its pretraining corpus holds each piece, and
-how much of a fine-tuning task's text those pieces carry (docs/bert.md#pretrained-vs-scratch, SST-2).
+how much of SST-2's training text those pieces carry (docs/bert.md#pretrained-vs-scratch).
 
-  python -m experiments.analysis.token_table --run=runs/bert_mini --checkpoint=2000 [--task_split=sst2:train]
+  python -m experiments.analysis.token_table --run=runs/bert_mini --checkpoint=2000
 
 The masked-LM output layer is tied to the token table, so every prediction's softmax moves every row that is
-not the target the same way (down its logit). Rows of pieces the corpus seldom or never holds get little else,
-and end up alike; a fine-tuning task whose words the corpus lacks then starts from rows it cannot tell apart.
-Prints, per band of corpus counts: the pieces, the share of the task's pieces, and over the task's distinct
+not the target against the prediction's hidden state (down its logit), in proportion to its probability. Rows of
+pieces the corpus seldom or never holds get little else, drift the same way and end up alike; a fine-tuning task
+whose words the corpus lacks then starts from rows it can hardly tell apart.
+Prints, per band of corpus counts: the pieces, the share of SST-2's pieces, and over SST-2's distinct
 pieces in the band (up to 500, drawn with seed 0): the mean cosine between two rows and the mean row norm, for
 the checkpoint's table and for the run's initial table (the same seed's init, never trained).
 """
@@ -20,9 +21,11 @@ import ml_collections
 import numpy as np
 from absl import app, flags
 
+from lm.cli import run_user_errors
 from lm.data import masked_lm
 from lm.data.tasks import sst2
 from lm.data.wordpiece import WordPieceTokenizer
+from lm.errors import UserError
 from lm.train.init_from import CheckpointSource
 
 _RUN = flags.DEFINE_string("run", "runs/bert_mini", "A bert.py run folder (its config, tokenizer, checkpoints).")
@@ -81,8 +84,17 @@ def token_table(params: dict) -> np.ndarray:
 
 def main(argv):
     del argv
+    run_user_errors(report)
+
+
+def report() -> None:
     run = pathlib.Path(_RUN.value)
-    config = ml_collections.ConfigDict(json.loads((run / "config.json").read_text()))
+    config_file = run / "config.json"
+    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    if config.get("experiment") != "masked_lm":
+        raise UserError(f"--run={run} is not a bert.py run folder (its config.json with experiment masked_lm); "
+                        "pretrain one first: python -m lm.main --config=configs/bert.py:mini --workdir=runs/bert_mini")
+    config = ml_collections.ConfigDict(config)
     tokenizer = WordPieceTokenizer.load(run / "tokenizer")
     corpus = [paragraph for name in config.data.corpus for document in masked_lm.read_documents(name)
               for paragraph in document]
