@@ -1,11 +1,15 @@
 """Meshes from config sizes, and parameters really sharded the way the rules say."""
 
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
 from lm import sharding
 from lm.errors import UserError
+from lm.layers.partitioning import constrain, take_rows
 from lm.train.optim import make_optimizer
 from lm.train.setup import abstract_state, load_experiment, state_builder
 
@@ -68,12 +72,6 @@ def test_token_rows_reach_the_batch_layout_without_replicating_the_activations(s
     values are table[ids] and its scatter-add gradient, and XLA compiles it without gathering the whole
     batch of rows on every device (what it does when the gather's output goes to the batch layout
     directly with the batch over data x fsdp; with tensor too, it warns of it)."""
-    import flax.linen as nn
-    import jax.numpy as jnp
-    import numpy as np
-
-    from lm.layers.partitioning import constrain, take_rows
-
     mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "expert": 1, "tensor": 1, **sizes})
     batch, length, vocab, width = 16, 8, 64, 32
     rng = np.random.default_rng(0)
