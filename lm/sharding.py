@@ -98,12 +98,17 @@ def logical_shardings(abstract_tree, mesh: Mesh, rules: Rules):
     return nn.logical_to_mesh_sharding(specs, mesh, rules)
 
 
+def spec_axes(entry: str | tuple[str, ...] | None) -> tuple[str, ...]:
+    """One PartitionSpec entry (None, a mesh axis, or a tuple of them) as a tuple of mesh axes."""
+    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+
 def check_divisible(shapes, shardings) -> None:
     """Raises UserError for the first array whose dimension its mesh axes do not divide evenly."""
     flat_shardings = jax.tree.leaves(shardings, is_leaf=lambda x: isinstance(x, NamedSharding))
     for (path, shape), named in zip(jax.tree_util.tree_flatten_with_path(shapes)[0], flat_shardings, strict=True):
         for size, axes in zip(shape.shape, named.spec, strict=False):
-            axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+            axes = spec_axes(axes)
             parts = math.prod(named.mesh.shape[a] for a in axes)
             if size % parts:
                 raise UserError(

@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
+from lm.sharding import spec_axes
+
 LogicalAxes = tuple[str | None, ...]
 
 
@@ -26,8 +28,7 @@ def constrain(x: jax.Array, names: LogicalAxes) -> jax.Array:
 
 def mesh_axes(names: LogicalAxes) -> tuple[tuple[str, ...], ...]:
     """The mesh axes each logical name maps to under the rules in scope, a tuple per name."""
-    spec = nn.logical_to_mesh_axes(names)
-    return tuple(() if axes is None else (axes,) if isinstance(axes, str) else tuple(axes) for axes in spec)
+    return tuple(spec_axes(entry) for entry in nn.logical_to_mesh_axes(names))
 
 
 def take_rows(table: jax.Array, ids: jax.Array) -> jax.Array:
