@@ -10,9 +10,9 @@ Per row (a config and its overrides), one process, one after another:
                train.steps_per_dispatch) run over a few batches already on the devices, every batch
                shape compiled first (timed: the cold compile, persistent cache empty); the median of
                --rounds rounds of the mean step time; units (tokens, images) per second, MFU (model
-               FLOPs 6N + attention over the devices' dense bf16 peak, or a measured matmul peak on
-               CPU), the step's memory per device (XLA's analysis, the largest over the shapes).
-  trainer      lm.main's train() on a fresh workdir for the row's steps (data pipeline, prefetch,
+               FLOPs 6N + attention over the devices' dense bf16 peak; none on a CPU, whose peak is
+               not known: lm.train.flops), the step's memory per device (XLA's analysis, the largest over the shapes).
+  trainer      `lm train`'s train() (lm.train.loop) on a fresh workdir for the row's steps (data pipeline, prefetch,
                logging, one eval and one checkpoint at the end; no sampling or test decoding): its
                logged units/s (median over log intervals, the first left out), the compile seconds it
                logged (the cache now holds the step alone's programs: the warm compile) and its wall time.
@@ -33,9 +33,8 @@ import time
 
 from absl import app, flags, logging
 
-from lm.cli import run_user_errors
 from lm.cpu import keep_freed_memory
-from lm.errors import UserError
+from lm.errors import UserError, run_user_errors
 
 _QUICK = flags.DEFINE_bool("quick", False, "The CPU-sized rows (baby and the test configs) instead of the "
                            "accelerator rows.")
@@ -90,10 +89,12 @@ def step_alone(config, steps: int, rounds: int) -> dict:
     import jax
 
     from lm import sharding
+    from lm.cli.resolve import build_experiment
+    from lm.layers.moe import parameter_counts
     from lm.train.compiled import CompiledPerShape
-    from lm.train.setup import build, count_params
+    from lm.train.setup import build
 
-    setup = build(config, None)
+    setup = build(config, build_experiment, None)
     mesh, experiment = setup.mesh, setup.experiment
     per_call = config.train.steps_per_dispatch
     with jax.set_mesh(mesh), nn.logical_axis_rules(setup.rules):
@@ -121,7 +122,7 @@ def step_alone(config, steps: int, rounds: int) -> dict:
         "units_per_step": config.train.batch_size * experiment.units_per_example,
         "unit": experiment.unit,
         "flops_per_step": config.train.batch_size * experiment.flops_per_example(active),
-        "num_params": count_params(state.params),
+        "num_params": parameter_counts(state.params)[0],
         "compile_seconds_cold": train_step.seconds,
         "batch_shapes": len(train_step.compiled),
         "step_memory_bytes": step_bytes,
@@ -131,6 +132,7 @@ def step_alone(config, steps: int, rounds: int) -> dict:
 def trainer_run(config, steps: int, workdir: pathlib.Path) -> dict:
     """train() for `steps` steps: logged units/s (median over the log intervals after the first), its
     compile seconds and wall time."""
+    from lm.cli.resolve import build_experiment
     from lm.train import loop
 
     config.train.update(num_steps=steps, checkpoint_every=steps)
@@ -141,7 +143,7 @@ def trainer_run(config, steps: int, workdir: pathlib.Path) -> dict:
     if "beam_sizes" in config.eval:
         config.eval.beam_sizes = ()  # no test-set decoding: not the loop's speed
     start = time.perf_counter()
-    summary = loop.train(config, str(workdir))
+    summary = loop.train(config, str(workdir), build_experiment)
     wall = time.perf_counter() - start
     records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     unit_key = next(k for r in records for k in r if k.endswith("_per_second") and k != "steps_per_second")
@@ -154,7 +156,7 @@ def benchmark() -> None:
     import flax
     import jax
 
-    from lm.overrides import resolve_config
+    from lm.cli.overrides import resolve_config
     from lm.train.flops import peak_flops_per_device
     from lm.train.metrics import format_bytes
 
@@ -164,11 +166,12 @@ def benchmark() -> None:
         raise UserError(f"--rows: no row {', '.join(unknown)}; the rows are {', '.join(rows)}")
     chosen = {name: row for name, row in rows.items() if not _ROWS.value or name in _ROWS.value}
     device = jax.devices()[0]
-    peak = peak_flops_per_device(device) * jax.device_count()
+    device_peak = peak_flops_per_device(device)  # None on a CPU: no MFU
+    peak = device_peak * jax.device_count() if device_peak else None
     scratch = pathlib.Path(tempfile.mkdtemp(prefix="lm-accelerator-"))
     cache = {"train.compilation_cache_dir": str(scratch / "cache")}  # empty: the first compiles are cold
     print(f"device {device.device_kind} x {jax.device_count()} | jax {jax.__version__} | flax {flax.__version__} | "
-          f"peak {peak / 1e12:,.2f} TFLOP/s")
+          f"peak {f'{peak / 1e12:,.2f} TFLOP/s' if peak else 'unknown (no MFU)'}")
     results = {}
     try:
         for name, (spec, overrides, steps, trainer_steps) in chosen.items():
@@ -176,7 +179,8 @@ def benchmark() -> None:
             config = resolve_config(spec, {**overrides, **cache})
             row = {"config": spec, "overrides": overrides, **step_alone(config, steps, _ROUNDS.value)}
             row["units_per_second"] = row["units_per_step"] / row["step_seconds"]
-            row["mfu"] = row["flops_per_step"] / row["step_seconds"] / peak
+            if peak:
+                row["mfu"] = row["flops_per_step"] / row["step_seconds"] / peak
             if trainer_steps:
                 config = resolve_config(spec, {**overrides, **cache, **TRAINER_RUN})
                 row.update(trainer_run(config, trainer_steps, scratch / name))
@@ -197,7 +201,8 @@ def benchmark() -> None:
                    if "trainer_over_step" in r else f"{'-':>18} {'-':>6}")
         trainer_compile = f"{r['trainer_compile_seconds']:>18.1f}" if "trainer_compile_seconds" in r else f"{'-':>18}"
         device_peak = format_bytes(r["device_peak_bytes"]) if r["device_peak_bytes"] else "-"
-        print(f"{name:<28} {r['step_seconds'] * 1e3:>9.2f} {r['units_per_second']:>12,.0f} {r['mfu']:>6.1%} {trainer} "
+        mfu = f"{r['mfu']:>6.1%}" if "mfu" in r else f"{'-':>6}"
+        print(f"{name:<28} {r['step_seconds'] * 1e3:>9.2f} {r['units_per_second']:>12,.0f} {mfu} {trainer} "
               f"{r['compile_seconds_cold']:>15.1f} {trainer_compile} {format_bytes(r['step_memory_bytes']):>12} "
               f"{device_peak:>12}")
 

@@ -35,7 +35,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def train_command(config: str, workdir: pathlib.Path, steps: int, checkpoint_every: int) -> list[str]:
-    return [sys.executable, "-m", "lm.main", f"--config={config}", f"--workdir={workdir}",
+    return [sys.executable, "-m", "lm", "train", f"--config={config}", f"--workdir={workdir}",
             f"--config.train.num_steps={steps}", f"--config.train.checkpoint_every={checkpoint_every}",
             "--config.train.log_every=1", f"--config.eval.every={steps}", "--config.sample.max_new_tokens=0"]
 
@@ -79,13 +79,11 @@ def checkpoint_folders(workdir: pathlib.Path) -> tuple[list[int], int]:
 
 def restore(workdir: pathlib.Path, step: int | None = None):
     """The params of a checkpoint of workdir's run (default: the latest), on one device."""
-    import ml_collections
+    from lm.cli.resolve import build_experiment, load_config
+    from lm.train.setup import restore_params
 
-    from lm.runs import CONFIG_FILE
-    from lm.train.setup import load_experiment, restore_params
-
-    config = ml_collections.ConfigDict(json.loads((workdir / CONFIG_FILE).read_text()))
-    return restore_params(config, load_experiment(config), workdir, step)
+    config = load_config(workdir)
+    return restore_params(config, build_experiment(config), workdir, step)
 
 
 def crash_trial(config: str, root: pathlib.Path, kills: int, steps: int, checkpoint_every: int, window: float,

@@ -14,10 +14,10 @@ times --steps steps of each arm in turn, round-robin, --rounds times (after one 
 arm on a fixed batch from its own pipeline. Prints per arm: the median over rounds of the mean step
 time, its spread (min-max over rounds), speed relative to the first arm, units (tokens, images,
 ...) per second, MFU (model FLOPs per step, 6N + attention, over the step time and the devices' dense
-bf16 peak, as the trainer logs it), compile seconds, the step's memory per device (XLA's analysis of
-the compiled step: arguments + outputs - donated + temporaries, what the allocator needs) and the
-parameters. Where the device reports it (GPU, TPU), the device's peak memory over the whole run
-is printed too.
+bf16 peak, as the trainer logs it; "-" on a CPU, whose peak is not known), compile seconds, the step's
+memory per device (XLA's analysis of the compiled step: arguments + outputs - donated + temporaries,
+what the allocator needs) and the parameters. Where the device reports it (GPU, TPU), the device's
+peak memory over the whole run is printed too.
 Interleaving spreads the slow stretches of a shared machine over every arm alike; runs one after
 another, as in a sweep, can differ by more than the effect measured.
 """
@@ -28,9 +28,9 @@ import time
 import numpy as np
 from absl import app, flags, logging
 
-from lm.cli import run_user_errors
+from lm.cli.overrides import parse_axis, resolve_config, split_config_overrides
 from lm.cpu import keep_freed_memory
-from lm.overrides import parse_axis, resolve_config, split_config_overrides
+from lm.errors import run_user_errors
 
 _CONFIG = flags.DEFINE_string("config", "configs/gpt_shakespeare.py:baby", "Config file and variant.")
 _ARMS = flags.DEFINE_string("arms", "model.norm=layer,rms", "The variants: key=value1,value2,...")
@@ -54,9 +54,11 @@ class Arm:
         import jax
 
         from lm import sharding
-        from lm.train.setup import build, count_params
+        from lm.cli.resolve import build_experiment
+        from lm.layers.moe import parameter_counts
+        from lm.train.setup import build
 
-        setup = build(config, devices=None)
+        setup = build(config, build_experiment, devices=None)
         self.mesh, self.rules, experiment = setup.mesh, setup.rules, setup.experiment
         with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
             _, shardings = setup.abstract_state()
@@ -69,7 +71,7 @@ class Arm:
         memory = self.step_fn.memory_analysis()
         self.step_bytes = (memory.argument_size_in_bytes + memory.output_size_in_bytes
                            - memory.alias_size_in_bytes + memory.temp_size_in_bytes)
-        self.num_params = count_params(self.state.params)
+        self.num_params, _ = parameter_counts(self.state.params)
         self.units_per_step = config.train.batch_size * experiment.units_per_example
         self.unit = experiment.unit
         self.flops_per_step = config.train.batch_size * experiment.flops_per_example(
@@ -126,9 +128,11 @@ def benchmark() -> None:
 
     first = arms[values[0]]
     device = first.mesh.devices.flat[0]
-    peak_flops = peak_flops_per_device(device) * first.mesh.size
+    device_peak = peak_flops_per_device(device)  # None on a CPU: no MFU
+    peak_flops = device_peak * first.mesh.size if device_peak else None
+    shown_peak = f"{peak_flops / 1e12:,.2f} TFLOP/s in all" if peak_flops else "unknown: no MFU"
     print(f"\n=== benchmark: {key} = {', '.join(values)} ({_CONFIG.value}) ===")
-    print(f"device {device.device_kind} x {first.mesh.size} (dense peak {peak_flops / 1e12:,.2f} TFLOP/s in all) | "
+    print(f"device {device.device_kind} x {first.mesh.size} (dense peak {shown_peak}) | "
           f"{_ROUNDS.value} rounds x {_STEPS.value} steps per arm, interleaved")
     unit_rate = f"{first.unit}/s"
     print(f"{'arm':<24} {'median ms/step':>15} {'min-max ms':>17} {'vs first':>9} {unit_rate:>12} {'MFU':>7} "
@@ -140,7 +144,8 @@ def benchmark() -> None:
             ms = np.array(times[value]) * 1e3
             seconds = np.median(ms) / 1e3
             timed = (f"{np.median(ms):>15.1f} {f'{ms.min():.1f}-{ms.max():.1f}':>17} {reference / seconds:>8.3f}x "
-                     f"{arm.units_per_step / seconds:>12,.0f} {arm.flops_per_step / seconds / peak_flops:>7.1%}")
+                     f"{arm.units_per_step / seconds:>12,.0f} "
+                     + (f"{arm.flops_per_step / seconds / peak_flops:>7.1%}" if peak_flops else f"{'-':>7}"))
         print(f"{key.split('.')[-1] + '=' + value:<24} {timed} {arm.compile_seconds:>10.1f} "
               f"{format_bytes(arm.step_bytes):>12} {arm.num_params:>13,}")
     stats = device.memory_stats() or {}

@@ -49,11 +49,13 @@ def main(argv):
     import jax
 
     from lm import sharding
-    from lm.train.setup import build, count_params
+    from lm.cli.resolve import build_experiment
+    from lm.layers.moe import parameter_counts
+    from lm.train.setup import build
 
     config = _CONFIG.value
     batch_size = config.train.batch_size
-    setup = build(config, devices=None)
+    setup = build(config, build_experiment, devices=None)
     mesh = setup.mesh
 
     # 1. The pipeline alone.
@@ -89,7 +91,7 @@ def main(argv):
     d = config.data
     print("\n=== benchmark: vit_cifar10 pipeline vs train step ===")
     print(f"device               {jax.devices()[0].device_kind} x {jax.device_count()}")
-    print(f"parameters           {count_params(holder['state'].params):,}")
+    print(f"parameters           {parameter_counts(holder['state'].params)[0]:,}")
     print(f"batch                {batch_size} images | augmentation: crop {d.crop_padding}, flip {d.flip}, "
           f"randaugment {d.randaugment_ops} ops @ {d.randaugment_magnitude}, mixup {d.mixup_alpha}, "
           f"cutmix {d.cutmix_alpha} | workers {d.num_workers}")

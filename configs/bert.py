@@ -6,11 +6,11 @@ Variants (pick one after the colon); sizes from lm/models/bert.py BERT_SIZES (la
 
   tiny   2 / 64 / 2, a 1000-piece WordPiece vocabulary trained on the fly on 20 speeches, sequences of
          64, 30 steps: for tests.
-         python -m lm.main --config=configs/bert.py:tiny --workdir=/tmp/bert_tiny
+         lm train --config=configs/bert.py:tiny --workdir=/tmp/bert_tiny
          Measured on the 2-core CPU: 8.7 s wall (compilation cache warm; 35 s loaded and cold); eval loss
          7.63 -> 6.66.
   mini   4 / 256 / 4 (BERT-Mini), bert-base-uncased's vocabulary, sequences of 128, batch 32: the CPU model.
-         python -m lm.main --config=configs/bert.py:mini --workdir=runs/bert_mini
+         lm train --config=configs/bert.py:mini --workdir=runs/bert_mini
          Measured only for 150 of its 2000 steps (--config.train.num_steps=150 --config.optimizer.decay_steps=150
          --config.optimizer.warmup_steps=30) on a loaded 2-core CPU: 14.6 min, 626-1,072 tokens/s, held-out
          masked-LM loss 10.36 -> 6.80, accuracy 6.6%, NSP accuracy 51% (docs/bert.md).
@@ -19,11 +19,11 @@ Variants (pick one after the colon); sizes from lm/models/bert.py BERT_SIZES (la
          (docs/bert.md). It keeps its 4 checkpoints (500-2000): the pretrained-vs-scratch study's sweeps
          (experiments/sweeps/bert_*_cpu.py) start from steps 1000 and 2000.
   small  4 / 512 / 8 (BERT-Small), batch 128; not yet run.
-         python -m lm.main --config=configs/bert.py:small --workdir=runs/bert_small
+         lm train --config=configs/bert.py:small --workdir=runs/bert_small
   base   12 / 768 / 12 (BERT-Base, 110M parameters), batch 256, for an accelerator; not yet run.
-         python -m lm.main --config=configs/bert.py:base --workdir=runs/bert_base
+         lm train --config=configs/bert.py:base --workdir=runs/bert_base
   large  24 / 1024 / 16 (BERT-Large, 340M parameters), batch 256, for an accelerator; not yet run.
-         python -m lm.main --config=configs/bert.py:large --workdir=runs/bert_large
+         lm train --config=configs/bert.py:large --workdir=runs/bert_large
 
 Tokenizer: data.vocab names a vocab.txt ("bert-base-uncased": $LM_DATA_DIR/vocab/bert-base-uncased-vocab.txt,
 or a path), or data.vocab="" with data.vocab_size=N trains an N-piece WordPiece vocabulary on the training
@@ -33,9 +33,7 @@ Every shared block option can be switched, e.g. --config.model.position=rope --c
 
 import ml_collections
 
-from lm import sharding
-from lm.models.bert import bert_options
-from lm.train.options import optimizer_options, run_options, train_options
+from configs import base
 
 VARIANTS = ("tiny", "mini", "small", "base", "large")
 
@@ -43,33 +41,7 @@ VARIANTS = ("tiny", "mini", "small", "base", "large")
 def get_config(variant: str = "mini") -> ml_collections.ConfigDict:
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r} of bert: use one of {', '.join(VARIANTS)}")
-    config = run_options("masked_lm")
-
-    config.data = ml_collections.ConfigDict()
-    config.data.corpus = ("gutenberg_books", "us_presidential_speeches")  # $LM_DATA_DIR/corpus/<name>.txt.gz
-    config.data.max_documents = 0  # per corpus file, the first ones (0: all)
-    config.data.eval_documents = 6  # held out for eval, drawn with seed 0 from all the documents
-    config.data.vocab = "bert-base-uncased"  # a vocab.txt name or path; "" trains one of vocab_size pieces
-    config.data.vocab_size = 0
-    config.data.max_seq_len = 128  # [CLS] A [SEP] B [SEP], padded
-    config.data.short_seq_prob = 0.1  # pairs shorter than max_seq_len, drawn at random (as BERT's data)
-    config.data.mask_prob = 0.15  # of the non-special tokens
-    config.data.max_predictions = 20  # masked positions per sequence the head predicts (BERT's per 128)
-
-    # BERT's block options (post-norm, erf GELU, LayerNorm eps 1e-12, N(0, 0.02)) and the encoder size.
-    config.model = bert_options(variant)
-
-    config.optimizer = optimizer_options(learning_rate=1e-4, min_learning_rate=1e-5, warmup_steps=1000,
-                                         decay_steps=100_000, weight_decay=0.01)
-    config.train = train_options(batch_size=256, num_steps=100_000, log_every=100, checkpoint_every=5000)
-
-    config.eval = ml_collections.ConfigDict()
-    config.eval.every = 1000
-    config.eval.batch_size = 64
-    config.eval.num_batches = 8
-
-    config.mesh = sharding.mesh_options()
-    config.sharding_rules = sharding.DEFAULT_RULES
+    config = base.masked_lm(variant)
 
     if variant == "tiny":
         config.model.update(dropout=0.0, attention_dropout=0.0, max_positions=64)

@@ -7,7 +7,7 @@ init_from the encoder trains from scratch (the pretrained-vs-scratch ablation). 
 init_from run's (data.vocab=""), else bert-base-uncased (mini and up pretrain with it).
 
   sst2       sentence classification, rows of 64, batch 32, 2000 steps (~1 epoch of 67k), lr 1e-4.
-             python -m lm.main --config=configs/bert_finetune.py:sst2 --workdir=runs/sst2 \
+             lm train --config=configs/bert_finetune.py:sst2 --workdir=runs/sst2 \
                  --config.init_from=runs/bert_mini
              From scratch (no init_from), 300 steps (--config.train.num_steps=300
              --config.optimizer.decay_steps=300 --config.optimizer.warmup_steps=30 --config.eval.every=100):
@@ -15,25 +15,25 @@ init_from run's (data.vocab=""), else bert-base-uncased (mini and up pretrain wi
              shared with other jobs (load average ~11; 4.6 CPU-min). Pretrained vs scratch at a CPU budget
              (experiments/sweeps/bert_sst2_cpu.py, 400 steps, 3 seeds): docs/bert.md#pretrained-vs-scratch.
   conll2003  NER, rows of 128, batch 32, 1500 steps (~3.4 epochs), lr 1e-4; valid and test entity F1.
-             python -m lm.main --config=configs/bert_finetune.py:conll2003 --workdir=runs/conll2003 \
+             lm train --config=configs/bert_finetune.py:conll2003 --workdir=runs/conll2003 \
                  --config.init_from=runs/bert_mini
              At a CPU budget, pretrained vs scratch: docs/bert.md#pretrained-vs-scratch.
   squad      rows of 384 (question <= 64 pieces, windows every 128 context pieces), batch 32, 1200 steps
              (~3 epochs of the 44-article training subset's 12k windows), lr 1e-4; dev EM and F1.
-             python -m lm.main --config=configs/bert_finetune.py:squad --workdir=runs/squad \
+             lm train --config=configs/bert_finetune.py:squad --workdir=runs/squad \
                  --config.init_from=runs/bert_mini
              Meant for an accelerator (384-piece rows). At a CPU budget, pretrained vs scratch (rows of 128,
              400 steps; experiments/sweeps/bert_squad_cpu.py): docs/bert.md#pretrained-vs-scratch.
   stsb       sentence-pair regression, rows of 128, batch 32, 540 steps (3 epochs), lr 1e-4; Pearson and
              Spearman on dev and test.
-             python -m lm.main --config=configs/bert_finetune.py:stsb --workdir=runs/stsb \
+             lm train --config=configs/bert_finetune.py:stsb --workdir=runs/stsb \
                  --config.init_from=runs/bert_mini
              At a CPU budget, pretrained vs scratch: docs/bert.md#pretrained-vs-scratch.
   TASK_tiny  the tiny encoder (2 / 64 / 2, max 64 positions), 64-piece rows, the first 256 training and
              64 dev/test examples (SQuAD: questions), 10 steps: seconds, for tests. Pretrain the tiny
              encoder first (its own 1000-piece vocabulary, which the fine-tune then reads from the run):
-             python -m lm.main --config=configs/bert.py:tiny --workdir=/tmp/bert_tiny
-             python -m lm.main --config=configs/bert_finetune.py:sst2_tiny --workdir=/tmp/sst2_tiny \
+             lm train --config=configs/bert.py:tiny --workdir=/tmp/bert_tiny
+             lm train --config=configs/bert_finetune.py:sst2_tiny --workdir=/tmp/sst2_tiny \
                  --config.init_from=/tmp/bert_tiny
              (conll2003_tiny, squad_tiny, stsb_tiny alike.) Without init_from a _tiny variant runs on
              bert-base-uncased's vocabulary.
@@ -41,32 +41,19 @@ init_from run's (data.vocab=""), else bert-base-uncased (mini and up pretrain wi
 
 import ml_collections
 
-from configs import bert
-from experiments.finetune import base_config
-
-# Per task: what differs from experiments/finetune.py's base_config.
-TASKS = {
-    "sst2": dict(max_seq_len=64, num_steps=2000),
-    "conll2003": dict(max_seq_len=128, num_steps=1500),
-    "squad": dict(max_seq_len=384, num_steps=1200),
-    "stsb": dict(max_seq_len=128, num_steps=540),
-}
+from configs import base, bert
 
 
 def get_config(variant: str = "sst2") -> ml_collections.ConfigDict:
     task, _, size = variant.partition("_")
     size = size or "mini"
-    if task not in TASKS or size not in bert.VARIANTS:
+    if task not in base.FINETUNE_TASKS or size not in bert.VARIANTS:
         raise ValueError(f"unknown variant {variant!r} of bert_finetune: use TASK or TASK_SIZE, TASK one of "
-                         f"{', '.join(TASKS)} and SIZE one of {', '.join(bert.VARIANTS)}")
-    config = base_config(task)
+                         f"{', '.join(base.FINETUNE_TASKS)} and SIZE one of {', '.join(bert.VARIANTS)}")
+    config = base.finetune(task)  # the task's row length and steps (configs/base.py FINETUNE_TASKS)
     # The encoder exactly as configs/bert.py pretrains it at this size (so init_from loads it).
     config.model = bert.get_config(size).model
     config.model.head_dropout = 0.1  # on the encoder's outputs, before the task head (BERT's classifier dropout)
-    settings = TASKS[task]
-    config.data.max_seq_len = settings["max_seq_len"]
-    config.train.num_steps = settings["num_steps"]
-    config.optimizer.update(decay_steps=settings["num_steps"], warmup_steps=settings["num_steps"] // 10)
 
     if size == "tiny":
         config.model.head_dropout = 0.0

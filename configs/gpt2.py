@@ -5,7 +5,7 @@ learned positions, tied embeddings, context 1024, the 50,257-id vocabulary padde
 multiple of 128, so the embedding and the logits split evenly and map onto whole matmul tiles).
 
   124m  12 layers, 12 heads, 768 wide: 124M parameters.
-        python -m lm.main --config=configs/gpt2.py:124m --workdir=runs/gpt2_124m
+        lm train --config=configs/gpt2.py:124m --workdir=runs/gpt2_124m
         The llm.c / nanoGPT reproduction: batch 512 x 1024 tokens (0.5M; 8 micro-batches of 64),
         AdamW 6e-4 (b2 0.95, weight decay 0.1), 700 warmup steps, cosine to 6e-5 at 19,073 steps
         (10B tokens). Reference points: val loss about 3.3 on OpenWebText/FineWeb at 10B tokens
@@ -16,10 +16,10 @@ multiple of 128, so the embedding and the logits split evenly and map onto whole
         but the weight matmuls (dots_no_batch) and a chunked loss to fit larger micro-batches.
   774m  36 layers, 20 heads, 1280 wide: 774M parameters; lr 2.5e-4, the same memory savings.
   bpe_small  4 layers, 4 heads, 128 wide, context 128, batch 16, 600 steps, float32: a CPU model for token
-        files that `python -m lm.cli.prepare` wrote with their tokenizer (docs/text-gpt.md).
-        python -m lm.cli.prepare --text=$LM_DATA_DIR/tinyshakespeare/input.txt --tokenizer=bpe \
+        files that `lm prepare` wrote with their tokenizer (docs/text-gpt.md).
+        lm prepare --text=$LM_DATA_DIR/tinyshakespeare/input.txt --tokenizer=bpe \
             --vocab_size=2048 --out=/tmp/shakespeare_bpe
-        python -m lm.main --config=configs/gpt2.py:bpe_small --workdir=runs/shakespeare_bpe \
+        lm train --config=configs/gpt2.py:bpe_small --workdir=runs/shakespeare_bpe \
             --config.data.train_file=/tmp/shakespeare_bpe/train.bin \
             --config.data.val_file=/tmp/shakespeare_bpe/val.bin \
             --config.data.tokenizer=/tmp/shakespeare_bpe/tokenizer.json --config.data.vocab_size=2048
@@ -27,11 +27,11 @@ multiple of 128, so the embedding and the logits split evenly and map onto whole
         shared 2-core CPU (1.07M parameters, 3,700-5,600 tokens/s).
   test  2 layers (scanned), 4 heads, 64 wide, context 64, a tiny vocabulary, synthetic ids: for tests and a
         CPU smoke run.
-        python -m lm.main --config=configs/gpt2.py:test --workdir=/tmp/gpt2_test
+        lm train --config=configs/gpt2.py:test --workdir=/tmp/gpt2_test
 
 Data: data.train_file / data.val_file are raw little-endian uint16 token ids (uint32 for
 vocabularies past 65,536: data.token_dtype), absolute or relative to $LM_DATA_DIR; nanoGPT's
-data/openwebtext/prepare.py writes them, and `python -m lm.cli.prepare` (any text files, a trained
+data/openwebtext/prepare.py writes them, and `lm prepare` (any text files, a trained
 BPE or GPT-2's tokenizer) with the tokenizer.json that data.tokenizer names. For throughput runs without data:
   --config.data.dataset=synthetic  (uniformly random ids; the loss stays at ln(50257) = 10.8).
 
@@ -46,9 +46,7 @@ Performance switches (same numerics, see lm/layers/transformer.py and lm/models/
 
 import ml_collections
 
-from lm import sharding
-from lm.models.config import transformer_options
-from lm.train.options import optimizer_options, run_options, train_options
+from configs import base
 
 SIZES = {  # variant: (layers, heads, width)
     "124m": (12, 12, 768),
@@ -58,45 +56,14 @@ SIZES = {  # variant: (layers, heads, width)
 
 
 def get_config(variant: str = "124m") -> ml_collections.ConfigDict:
-    config = run_options("language_model")
-
-    config.data = ml_collections.ConfigDict()
-    config.data.dataset = "token_file"  # token_file | synthetic
-    config.data.train_file = "openwebtext/train.bin"
-    config.data.val_file = "openwebtext/val.bin"
-    config.data.token_dtype = "uint16"
-    config.data.vocab_size = 50257  # GPT-2 BPE
-    # The tokenizer.json the token files were made with ("": none, only ids): absolute or relative to
-    # $LM_DATA_DIR. Saved into the run, so that lm.sample prints text; its vocabulary must be vocab_size.
-    config.data.tokenizer = ""
-    config.data.context_length = 1024
-
-    config.model = transformer_options(num_layers=12, num_heads=12, num_kv_heads=12, embed_dim=768,
-                                       compute_dtype="bfloat16")
-    config.model.tie_embeddings = True
-    config.model.vocab_multiple = 128
-    config.model.scale_embeddings = False
-    config.model.loss_chunk = 0  # positions per cross-entropy chunk; 0: the whole logits at once
-
-    config.optimizer = optimizer_options(learning_rate=6e-4, min_learning_rate=6e-5, warmup_steps=700,
-                                         decay_steps=19073, b2=0.95, weight_decay=0.1)
-    config.train = train_options(batch_size=512, grad_accum_steps=8, num_steps=19073, log_every=20,
-                                 checkpoint_every=1000)
-
-    config.eval = ml_collections.ConfigDict()
-    config.eval.every = 500
-    config.eval.batch_size = 64
-    config.eval.num_batches = 20  # 1.3M val tokens
-    config.eval.context_lengths = ()
-
-    config.sample = ml_collections.ConfigDict()  # token ids: no text sample after training
-    config.sample.prompt = "\n"
-    config.sample.max_new_tokens = 0
-    config.sample.temperature = 0.8
-    config.sample.top_k = 40
-
-    config.mesh = sharding.mesh_options()
-    config.sharding_rules = sharding.DEFAULT_RULES
+    config = base.language_model("token_file")
+    # GPT-2's recipe; every variant below sets the size.
+    config.model.update(compute_dtype="bfloat16", vocab_multiple=128)
+    config.optimizer.update(learning_rate=6e-4, min_learning_rate=6e-5, warmup_steps=700, decay_steps=19073,
+                            b2=0.95)
+    config.train.update(batch_size=512, grad_accum_steps=8, num_steps=19073, log_every=20, checkpoint_every=1000)
+    config.eval.update(every=500, batch_size=64, num_batches=20)  # 1.3M val tokens
+    config.sample.max_new_tokens = 0  # token ids: no text sample after training
 
     if variant in SIZES:
         layers, heads, width = SIZES[variant]

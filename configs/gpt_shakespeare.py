@@ -3,19 +3,19 @@
 Variants (pick one after the colon):
 
   baby   4 layers, 4 heads, 128 wide, context 64, batch 12, 2000 steps: the CPU model.
-         python -m lm.main --config=configs/gpt_shakespeare.py:baby --workdir=runs/baby
+         lm train --config=configs/gpt_shakespeare.py:baby --workdir=runs/baby
          Reaches val loss 1.88 in 50-115 s on a 2-core CPU, before nanoGPT's same run side by side
          (README results; docs/performance.md).
   small  6 layers, 6 heads, 384 wide, context 256, batch 64, 5000 steps: nanoGPT's "shakespeare_char"
          recipe (dropout 0.2 on embeddings, sub-layer outputs and attention weights; no biases;
          AdamW 1e-3 to 1e-4, b2 0.99, weight decay 0.1, 100 warmup steps; eval every 250 steps).
-         python -m lm.main --config=configs/gpt_shakespeare.py:small --workdir=runs/small
+         lm train --config=configs/gpt_shakespeare.py:small --workdir=runs/small
          Meant for an accelerator; it overfits after its best val loss, as nanoGPT's does (nanoGPT:
          best 1.47-1.48, 1.72 at step 5000). Measured on an H100 before this recipe: attention
          dropout 0 gave best 1.51 (step 1000); attention dropout 0.2 (biases still on) 1.4685 at step
          2000. This exact config (no biases too) is not yet measured.
   test   A tiny model that trains in seconds, for tests.
-         python -m lm.main --config=configs/gpt_shakespeare.py:test --workdir=/tmp/lm_test
+         lm train --config=configs/gpt_shakespeare.py:test --workdir=/tmp/lm_test
 
 Any field can be overridden on the command line, e.g.
   --config.model.norm=rms --config.model.norm_position=post --config.model.mlp=swiglu
@@ -24,46 +24,11 @@ Any field can be overridden on the command line, e.g.
 
 import ml_collections
 
-from lm import sharding
-from lm.models.config import transformer_options
-from lm.train.options import optimizer_options, run_options, train_options
+from configs import base
 
 
 def get_config(variant: str = "baby") -> ml_collections.ConfigDict:
-    config = run_options("language_model")
-
-    config.data = ml_collections.ConfigDict()
-    config.data.dataset = "tinyshakespeare"
-    config.data.context_length = 64
-    config.data.train_fraction = 0.9
-
-    # The block options (norm, mlp, position, moe, init, ...) are shared with every Transformer
-    # experiment: see lm/models/config.py.
-    config.model = transformer_options(num_layers=4, num_heads=4, num_kv_heads=4, embed_dim=128)
-    config.model.tie_embeddings = True
-    config.model.vocab_multiple = 64  # pad the vocabulary so it divides the 'tensor' mesh axis
-    config.model.scale_embeddings = False  # token embeddings times sqrt(D) (Vaswani et al. 3.4)
-    config.model.loss_chunk = 0  # positions per cross-entropy chunk (0: the whole (B, T, V) logits at once)
-
-    config.optimizer = optimizer_options(min_learning_rate=1e-4, b2=0.99, weight_decay=0.1)
-    config.train = train_options(batch_size=12, num_steps=2000, log_every=50)  # batch_size in windows
-
-    config.eval = ml_collections.ConfigDict()
-    config.eval.every = 250
-    config.eval.batch_size = 48
-    config.eval.num_batches = 8
-    config.eval.context_lengths = ()  # val lengths scored after training, e.g. (128,): 2x the training one
-
-    config.sample = ml_collections.ConfigDict()
-    config.sample.prompt = "\n"
-    config.sample.max_new_tokens = 300
-    config.sample.temperature = 0.8
-    config.sample.top_k = 40
-
-    # Mesh axis sizes (-1: all remaining devices; one device is a 1x1x1x1 mesh) and the rules that
-    # map logical axis names onto them: see lm/sharding.py.
-    config.mesh = sharding.mesh_options()
-    config.sharding_rules = sharding.DEFAULT_RULES
+    config = base.language_model("tinyshakespeare")  # the baby model
 
     if variant == "baby":
         pass

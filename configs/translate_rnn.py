@@ -3,9 +3,9 @@
 Variants (pick one after the colon):
 
   attention    Bahdanau attention (e = v^T tanh(W s + U h), context fed to the decoder).
-               python -m lm.main --config=configs/translate_rnn.py:attention --workdir=runs/mt_attention
+               lm train --config=configs/translate_rnn.py:attention --workdir=runs/mt_attention
   noattention  The same network with the encoder's final state as the only context (the bottleneck).
-               python -m lm.main --config=configs/translate_rnn.py:noattention --workdir=runs/mt_noattention
+               lm train --config=configs/translate_rnn.py:noattention --workdir=runs/mt_noattention
   test         A tiny model and few steps, for tests.
 
 Switches: --config.model.cell=lstm, --config.model.attention=luong_dot|luong_general,
@@ -20,11 +20,11 @@ about 1.0-1.1 steps/s (2,000 steps: ~33 min):
 
 import ml_collections
 
-from experiments.translation import base_config, use_test_sizes
+from configs import base
 
 
 def get_config(variant: str = "attention") -> ml_collections.ConfigDict:
-    config = base_config()
+    config = base.translation()
     config.model = ml_collections.ConfigDict()
     config.model.architecture = "rnn"
     config.model.cell = "gru"  # gru | lstm
@@ -41,7 +41,7 @@ def get_config(variant: str = "attention") -> ml_collections.ConfigDict:
         config.model.attention = "none"
     elif variant == "test":
         config.model.update(embed_dim=16, hidden_dim=32, dropout=0.0)
-        use_test_sizes(config)
+        base.translation_test_sizes(config)
     else:
         raise ValueError(f"unknown variant {variant!r} of translate_rnn: use attention, noattention or test")
     return config

@@ -4,16 +4,16 @@ Variants (pick one after the colon):
 
   cpu   4 layers, 4 heads, 128 wide (MLP 256), global average pooling, 2-D sin-cos positions,
         batch 128, 5000 steps (14 epochs), random crop + flip, label smoothing 0.1: ~0.55M parameters.
-        python -m lm.main --config=configs/vit_cifar10.py:cpu --workdir=runs/vit_cpu
+        lm train --config=configs/vit_cifar10.py:cpu --workdir=runs/vit_cpu
         Measured on a 2-core CPU: 71.8% test accuracy after 27.1 minutes of training (val passed 70% at
         21.9 minutes; ~410 images/s), on the JPEG-decoded copy (docs/vit.md: the time-to-accuracy table).
   full  7 layers, 12 heads, 384 wide (MLP 384), [CLS] token, learned positions, batch 128, 200 epochs
         (70,300 steps), RandAugment (2 ops, magnitude 9), mixup 0.2 / CutMix 1.0, label smoothing 0.1:
         ~6.3M parameters, the shape of the best-known small ViT trained from scratch (91.0%, 200 epochs).
-        python -m lm.main --config=configs/vit_cifar10.py:full --workdir=runs/vit_full
+        lm train --config=configs/vit_cifar10.py:full --workdir=runs/vit_full
         For an accelerator; goal >= 91% test accuracy; not yet run (no accelerator so far).
   test  2 layers, 32 wide, patch 8, a few steps, for tests.
-        python -m lm.main --config=configs/vit_cifar10.py:test --workdir=/tmp/vit_test
+        lm train --config=configs/vit_cifar10.py:test --workdir=/tmp/vit_test
 
 The data is $LM_DATA_DIR/cifar10/{train,test}.npz, decoded from JPEG (about 2-3 points below the
 original pixels: say so next to any accuracy reported). Switches: --config.model.pool=cls|gap,
@@ -26,12 +26,12 @@ the host's cores less two).
 
 import ml_collections
 
-from experiments.image_classification import base_config
+from configs import base
 from lm.models.config import transformer_options
 
 
 def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
-    config = base_config()
+    config = base.image_classification()
     # The block options (norm, mlp, moe, init, ...) are shared with every Transformer experiment
     # (lm/models/config.py); position takes the ViT kinds of lm/models/vit.py.
     config.model = transformer_options(num_layers=4, num_heads=4, num_kv_heads=4, embed_dim=128, mlp_ratio=2.0,

@@ -1,5 +1,8 @@
 """BERT fine-tuning: the encoder of lm/models/bert.py under "bert" and one small task head under "head",
-trained end to end on one of four tasks (config.task; data in lm/data/tasks/, scores in lm/task_metrics.py):
+trained end to end on one of four tasks (config.task; data in lm/data/tasks/<task>.py, scores in
+lm/task_metrics.py). The tasks are one table, configs/base.py FINETUNE_TASKS: each names its kind of head,
+which HEADS below maps to the class that builds and scores it, and the row length and steps its config
+starts from.
 
   sst2       sentence classification: PooledClassifier on Bert's pooled [CLS] output; cross-entropy;
              dev accuracy
@@ -18,8 +21,9 @@ padded to data.max_seq_len, so each step compiles once. The tokenizer is the ini
 """
 
 import dataclasses
-import functools
+import importlib
 import pathlib
+from types import ModuleType
 from typing import Any
 
 import flax.linen as nn
@@ -28,17 +32,17 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from configs.base import FINETUNE_TASKS
 from experiments.masked_lm import TOKENIZER_DIR  # <workdir>/tokenizer/tokenizer.json, as pretraining saves it
-from lm import sharding, task_metrics
-from lm.data.tasks import common, conll2003, squad, sst2, stsb
+from lm import task_metrics
+from lm.data import run_cache
+from lm.data.tasks import common
 from lm.data.wordpiece import TOKENIZER_FILE, WordPieceTokenizer
 from lm.errors import UserError, check_count
 from lm.layers.heads import PooledClassifier, RegressionHead, SpanHead, TokenTagger
-from lm.layers.moe import parameter_counts
 from lm.losses import cross_entropy, masked_accuracy, masked_cross_entropy, masked_mean, mean_squared_error
 from lm.models.bert import Bert, BertConfig, bert_config, flops_per_sequence
-from lm.train.experiment import Evaluator
-from lm.train.options import optimizer_options, run_options, train_options
+from lm.train.experiment import Experiment
 
 DEFAULT_VOCAB = "bert-base-uncased"
 
@@ -52,29 +56,30 @@ class Split:
 
 
 class Task:
-    """What a task adds to the encoder (the methods each task below defines): its splits, `scored` (the
-    ones scored, dev first), load (a split's rows), head (the head module), outputs (the head on Bert's
-    outputs), loss, weight (what a batch counts in eval means: here its real rows), predict (jittable:
-    outputs -> what score reads) and score (host predictions of every row -> scores)."""
+    """What a kind of task (a kind of head: HEADS) adds to the encoder (the methods each kind below defines):
+    load (a split's rows), head (the head module), outputs (the head on Bert's outputs), loss, weight (what a
+    batch counts in eval means: here its real rows), predict (jittable: outputs -> what score reads) and
+    score (host predictions of every real row -> scores). `source` is the task's data module
+    (lm/data/tasks/<task>.py): its FILES are the task's splits, train first; `scored` are the others, dev
+    first."""
 
-    def __init__(self, data: ml_collections.ConfigDict):
-        self.data = data
+    def __init__(self, source: ModuleType, data: ml_collections.ConfigDict):
+        self.source, self.data = source, data
+        self.splits = tuple(source.FILES)
+        self.scored = tuple(split for split in self.splits if split != "train")
 
     def weight(self, batch):
         return jnp.sum(batch["valid"].astype(jnp.float32))
 
 
 class SentenceClassification(Task):
-    """SST-2: [CLS] sentence [SEP] -> one of two labels, from the pooled output."""
-
-    splits = ("train", "dev")
-    scored = ("dev",)
+    """[CLS] sentence [SEP] -> one of the source's LABELS, from the pooled output (SST-2)."""
 
     def load(self, tokenizer, split: str, limit: int) -> Split:
-        return Split(sst2.encode(tokenizer, split, self.data.max_seq_len, limit))
+        return Split(self.source.encode(tokenizer, split, self.data.max_seq_len, limit))
 
     def head(self, name: str) -> nn.Module:
-        return PooledClassifier(len(sst2.LABELS), name=name)
+        return PooledClassifier(len(self.source.LABELS), name=name)
 
     def outputs(self, head, hidden, pooled, batch):
         return head(pooled[:, None])  # (B, K): the pooled vector as the one position the head's "cls" pool reads
@@ -92,13 +97,10 @@ class SentenceClassification(Task):
 
 
 class Regression(Task):
-    """STS-B: [CLS] A [SEP] B [SEP] -> a similarity score, from the pooled output."""
-
-    splits = ("train", "dev", "test")
-    scored = ("dev", "test")
+    """[CLS] A [SEP] B [SEP] -> a score, from the pooled output (STS-B: similarity)."""
 
     def load(self, tokenizer, split: str, limit: int) -> Split:
-        return Split(stsb.encode(tokenizer, split, self.data.max_seq_len, limit))
+        return Split(self.source.encode(tokenizer, split, self.data.max_seq_len, limit))
 
     def head(self, name: str) -> nn.Module:
         return RegressionHead(name=name)
@@ -118,18 +120,15 @@ class Regression(Task):
 
 
 class Tagging(Task):
-    """CoNLL-2003: a tag per word, predicted at its first piece."""
-
-    splits = ("train", "valid", "test")
-    scored = ("valid", "test")
+    """A tag per word (one of the source's TAGS), predicted at its first piece (CoNLL-2003: entities)."""
 
     def load(self, tokenizer, split: str, limit: int) -> Split:
-        sentences = conll2003.load(split, limit)
-        rows, word_starts = conll2003.encode(tokenizer, sentences, self.data.max_seq_len)
+        sentences = self.source.load(split, limit)
+        rows, word_starts = self.source.encode(tokenizer, sentences, self.data.max_seq_len)
         return Split(rows, (sentences, word_starts))
 
     def head(self, name: str) -> nn.Module:
-        return TokenTagger(len(conll2003.TAGS), name=name)
+        return TokenTagger(len(self.source.TAGS), name=name)
 
     def outputs(self, head, hidden, pooled, batch):
         return head(hidden)  # (B, T, K)
@@ -151,19 +150,16 @@ class Tagging(Task):
     def score(self, predicted: np.ndarray, split: Split) -> dict[str, float]:
         sentences, word_starts = split.extra
         gold = [s.tags for s in sentences]
-        return task_metrics.entity_scores(gold, conll2003.word_tags(predicted, word_starts, sentences))
+        return task_metrics.entity_scores(gold, self.source.word_tags(predicted, word_starts, sentences))
 
 
 class SpanExtraction(Task):
-    """SQuAD v1.1: the answer's first and last pieces in a question's context windows."""
-
-    splits = ("train", "dev")
-    scored = ("dev",)
+    """The answer's first and last pieces in a question's context windows (SQuAD v1.1)."""
 
     def load(self, tokenizer, split: str, limit: int) -> Split:
-        questions = squad.load(split, limit)
+        questions = self.source.load(split, limit)
         d = self.data
-        windows = squad.encode(tokenizer, questions, d.max_seq_len, d.doc_stride, d.max_query_length)
+        windows = self.source.encode(tokenizer, questions, d.max_seq_len, d.doc_stride, d.max_query_length)
         return Split(windows.rows, (questions, windows))
 
     def head(self, name: str) -> nn.Module:
@@ -184,18 +180,21 @@ class SpanExtraction(Task):
 
     def score(self, predicted: np.ndarray, split: Split) -> dict[str, float]:
         questions, windows = split.extra
-        answers = squad.predicted_answers(predicted[..., 0], predicted[..., 1], windows, questions,
-                                          self.data.max_answer_length, self.data.n_best)
+        answers = self.source.predicted_answers(predicted[..., 0], predicted[..., 1], windows, questions,
+                                                self.data.max_answer_length, self.data.n_best)
         return task_metrics.squad_scores(answers, {q.id: q.answers for q in questions})
 
 
-TASKS = {"sst2": SentenceClassification, "conll2003": Tagging, "squad": SpanExtraction, "stsb": Regression}
+HEADS = {"classification": SentenceClassification, "tagging": Tagging, "span": SpanExtraction,
+         "regression": Regression}  # the kinds of configs/base.py FINETUNE_TASKS
 
 
 def make_task(config: ml_collections.ConfigDict) -> Task:
-    if config.task not in TASKS:
-        raise UserError(f"task={config.task!r}: use one of {', '.join(TASKS)}")
-    return TASKS[config.task](config.data)
+    """config.task's kind of head (configs/base.py FINETUNE_TASKS), reading lm/data/tasks/<task>.py."""
+    if config.task not in FINETUNE_TASKS:
+        raise UserError(f"task={config.task!r}: use one of {', '.join(FINETUNE_TASKS)}")
+    source = importlib.import_module(f"lm.data.tasks.{config.task}")
+    return HEADS[FINETUNE_TASKS[config.task].head](source, config.data)
 
 
 class BertWithHead(nn.Module):
@@ -244,13 +243,12 @@ def find_tokenizer(config: ml_collections.ConfigDict) -> WordPieceTokenizer:
     return tokenizer
 
 
-class FineTune:
-    unit = "examples"
-    units_per_example = 1
+class FineTune(Experiment):
 
     def __init__(self, config: ml_collections.ConfigDict, tokenizer: WordPieceTokenizer,
                  splits: dict[str, Split] | None = None):
-        self.config, self.tokenizer = config, tokenizer
+        super().__init__(config)
+        self.tokenizer = tokenizer
         self.task = make_task(config)
         self.splits = splits or {}
         if config.data.max_seq_len > config.model.max_positions:
@@ -271,41 +269,26 @@ class FineTune:
     def train_data(self, batch_size: int, seed: int, shard: tuple[int, int], start_step: int):
         return common.train_batches(self.splits["train"].rows, batch_size, seed, shard, start_step)
 
-    def batch_variants(self, batch):
-        return [batch]  # one shape
-
     def eval_data(self, split: str | None = None):
         return common.eval_batches(self.splits[split or self.task.scored[0]].rows, self.config.eval.batch_size)
 
     def eval_weight(self, batch) -> jax.Array:
         return self.task.weight(batch)
 
-    @functools.partial(jax.jit, static_argnums=0)
-    def _predict(self, params, batch):
-        """A batch's predictions, its mean loss times its weight (what it counts in the split's mean) and that
-        weight: one pass over a split gives its scores and its mean loss."""
+    def eval_outputs(self, params, batch) -> dict[str, jax.Array]:
+        """What the task's scores read of a batch: its predictions (task.predict) and which rows are real,
+        valid (B,)."""
         outputs = self.model.apply({"params": params}, batch)
-        loss, _ = self.task.loss(outputs, batch)
-        weight = self.task.weight(batch)
-        return self.task.predict(outputs), loss * weight, weight
+        return {"predicted": self.task.predict(outputs), "valid": batch["valid"]}
 
-    def scores(self, params, split: str) -> dict[str, float]:
-        """The task's scores on a split, from the predictions of every row (in order), and its mean loss."""
-        predicted, loss_sum, weight_sum = [], 0.0, 0.0
-        for batch in self.eval_data(split):
-            batch_predicted, batch_loss, batch_weight = self._predict(params, batch)
-            predicted.append(np.asarray(batch_predicted))
-            loss_sum, weight_sum = loss_sum + float(batch_loss), weight_sum + float(batch_weight)
-        rows = len(self.splits[split].rows["tokens"])
-        return {**self.task.score(np.concatenate(predicted)[:rows], self.splits[split]), "loss": loss_sum / weight_sum}
+    def split_scores(self, outputs: dict[str, np.ndarray], split: str) -> dict[str, float]:
+        """The task's scores on a split from the eval outputs of its batches (eval_data(split), gathered in
+        order): the predictions of its real rows."""
+        return self.task.score(outputs["predicted"][outputs["valid"] == 1], self.splits[split])
 
-    def evaluators(self) -> list[Evaluator]:
-        """The task's scores on its dev split every eval.every steps (logged as dev_<score>)."""
-        dev = self.task.scored[0]
-        return [Evaluator("dev", self.config.eval.every, lambda params: self.scores(params, dev))]
-
-    def active_params(self, params) -> int:
-        return parameter_counts(params, self.config.model.moe.top_k)[1]
+    def eval_scores(self, outputs: dict[str, np.ndarray]) -> dict[str, float]:
+        """The task's scores on its dev split (eval_data()), from the trainer's eval pass: dev_<score>."""
+        return {f"dev_{k}": v for k, v in self.split_scores(outputs, self.task.scored[0]).items()}
 
     def flops_per_example(self, active_params: int) -> float:
         """The encoder's training FLOPs for one padded row (lm/models/bert.py, no masked-LM predictions)."""
@@ -314,62 +297,40 @@ class FineTune:
     def save_assets(self, workdir: pathlib.Path) -> None:
         self.tokenizer.save(workdir / TOKENIZER_DIR)
 
-    def texts(self, params) -> dict[str, str]:
-        return {}
-
     def final_results(self, params, evaluate, workdir: pathlib.Path) -> dict[str, float]:
         """The task's scores on each scored split (dev; CoNLL-2003 valid and test; STS-B dev and test),
-        named <split>_<score>, and the loss there (<split>_loss), from one pass over each."""
+        named <split>_<score>, and the loss there (<split>_loss), from one pass of the trainer's eval step
+        over each."""
         results = {}
         for split in self.task.scored:
-            results.update({f"{split}_{k}": v for k, v in self.scores(params, split).items()})
+            evaluation = evaluate(self.eval_data(split))
+            scores = {**self.split_scores(evaluation.outputs, split), "loss": evaluation["loss"]}
+            results.update({f"{split}_{k}": v for k, v in scores.items()})
         return results
 
 
-def build(config: ml_collections.ConfigDict) -> FineTune:
-    """The tokenizer (find_tokenizer), then the task's splits encoded with it (data.max_train_examples and
-    data.max_eval_examples keep the first so many; 0: all)."""
+def build(config: ml_collections.ConfigDict, workdir: pathlib.Path | None = None) -> FineTune:
+    """The tokenizer (find_tokenizer), then the task's splits encoded with it (load_splits), or for a resumed
+    run the splits cached in workdir (lm/data/run_cache.py)."""
     for key in ("max_train_examples", "max_eval_examples"):
         check_count(config.data, key, "examples")
     tokenizer = find_tokenizer(config)
-    task = make_task(config)
-    splits = {}
+    key = run_cache.digest(config.task, config.data, run_cache.saved_digest(tokenizer.save))
+    return FineTune(config, tokenizer, run_cache.cached(workdir, "splits", key, lambda: load_splits(config, tokenizer)))
+
+
+def load_splits(config: ml_collections.ConfigDict, tokenizer: WordPieceTokenizer) -> dict[str, Split]:
+    """Every split of the task, encoded (data.max_train_examples and data.max_eval_examples keep the first so
+    many; 0: all), its rows marked valid."""
+    task, splits = make_task(config), {}
     for split in task.splits:
         limit = config.data.max_train_examples if split == "train" else config.data.max_eval_examples
         loaded = task.load(tokenizer, split, limit)
         loaded.rows["valid"] = np.ones(len(loaded.rows["tokens"]), np.int32)
         splits[split] = loaded
-    return FineTune(config, tokenizer, splits)
+    return splits
 
 
 def from_workdir(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> FineTune:
     """The experiment for predicting with a trained model: its tokenizer from the run folder, no data."""
     return FineTune(config, WordPieceTokenizer.load(workdir / TOKENIZER_DIR))
-
-
-def base_config(task: str) -> ml_collections.ConfigDict:
-    """What every fine-tuning config shares (configs/bert_finetune.py adds the model and the task's sizes)."""
-    config = run_options("finetune")
-    config.task = task  # sst2 | conll2003 | squad | stsb
-
-    config.data = ml_collections.ConfigDict()
-    config.data.vocab = ""  # "": the init_from run's tokenizer (else bert-base-uncased); or a vocab.txt name/path
-    config.data.max_seq_len = 128  # every row padded (or cut) to this
-    config.data.max_train_examples = 0  # the first so many training examples (0: all)
-    config.data.max_eval_examples = 0  # the first so many of each scored split (0: all)
-    config.data.doc_stride = 128  # SQuAD: pieces between the starts of a long context's windows
-    config.data.max_query_length = 64  # SQuAD: the question's pieces kept
-    config.data.max_answer_length = 30  # SQuAD: the longest answer span decoded, in pieces
-    config.data.n_best = 20  # SQuAD: start and end candidates per window
-
-    config.optimizer = optimizer_options(learning_rate=1e-4, min_learning_rate=0.0, warmup_steps=100,
-                                         decay_steps=1000, weight_decay=0.01)
-    config.train = train_options(batch_size=32, num_steps=1000, log_every=50, checkpoint_every=500)
-
-    config.eval = ml_collections.ConfigDict()
-    config.eval.every = 250  # the trainer's loss on the dev split, and the task's scores (dev_*)
-    config.eval.batch_size = 128
-
-    config.mesh = sharding.mesh_options()
-    config.sharding_rules = sharding.DEFAULT_RULES
-    return config

@@ -19,21 +19,18 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from lm import sharding
 from lm.data import images
 from lm.distributed import is_primary
 from lm.errors import UserError
-from lm.layers.moe import parameter_counts
 from lm.layers.transformer import sown_per_layer
 from lm.losses import masked_accuracy, masked_cross_entropy, moe_objective
 from lm.models.config import transformer_config
 from lm.models.vit import ViT, ViTConfig, flops_per_image, stack_position
 from lm.plots import save_confusion_matrix, save_image_attention
-from lm.train.options import optimizer_options, run_options, train_options
+from lm.train.experiment import Experiment
 
 CONFUSION_MATRIX_FILE = "confusion_matrix.png"
 ATTENTION_FILE = "attention_rollout.png"
-IMAGE_SHAPE = (32, 32, 3)
 
 
 def vit_config(model: ml_collections.ConfigDict) -> ViTConfig:
@@ -43,8 +40,8 @@ def vit_config(model: ml_collections.ConfigDict) -> ViTConfig:
     return ViTConfig(
         transformer=transformer_config(blocks),
         num_classes=images.NUM_CLASSES,
-        image_size=IMAGE_SHAPE[0],
-        channels=IMAGE_SHAPE[2],
+        image_size=images.IMAGE_SHAPE[0],
+        channels=images.IMAGE_SHAPE[2],
         patch_size=model.patch_size,
         pool=model.pool,
         position=model.position,
@@ -69,19 +66,18 @@ def attention_rollout(layers: list[np.ndarray]) -> np.ndarray:
     return rollout
 
 
-class ImageClassification:
+class ImageClassification(Experiment):
     unit = "images"
-    units_per_example = 1
 
     def __init__(self, config: ml_collections.ConfigDict,
                  splits: dict[str, tuple[np.ndarray, np.ndarray]] | None = None):
         """splits: {"train", "val", "test"} -> (images (N, 32, 32, 3) uint8, labels (N,) int32)."""
-        self.config = config
+        super().__init__(config)
         self.splits = splits or {}
         self.model = ViT(vit_config(config.model))
 
     def init(self, rng: jax.Array) -> dict:
-        return self.model.init({"params": rng}, jnp.zeros((1, *IMAGE_SHAPE), jnp.float32))
+        return self.model.init({"params": rng}, jnp.zeros((1, *images.IMAGE_SHAPE), jnp.float32))
 
     def loss(self, params, batch, rng, train: bool):
         logits, collections = self.model.apply(
@@ -108,29 +104,14 @@ class ImageClassification:
         return images.train_batches(*self.splits["train"], batch_size, seed, shard, self.augmentation(),
                                     self.config.data.num_workers, start_step)
 
-    def evaluators(self):
-        return []  # the trainer's eval (loss, accuracy) is all
-
-    def batch_variants(self, batch):
-        return [batch]  # one shape
-
     def eval_data(self, split: str = "val"):
         return images.eval_batches(*self.splits[split], self.config.eval.batch_size)
 
     def eval_weight(self, batch) -> jax.Array:
         return jnp.sum(batch["valid"].astype(jnp.float32))  # the real images
 
-    def active_params(self, params) -> int:
-        return parameter_counts(params, self.config.model.moe.top_k)[1]
-
     def flops_per_example(self, active_params: int) -> float:
         return flops_per_image(self.model.config, active_params)
-
-    def save_assets(self, workdir: pathlib.Path) -> None:
-        """Nothing: the class names are fixed and the model needs no tokenizer."""
-
-    def texts(self, params) -> dict[str, str]:
-        return {}
 
     @functools.partial(jax.jit, static_argnums=0)
     def _predict(self, params, image: jax.Array) -> jax.Array:
@@ -208,33 +189,3 @@ def build(config: ml_collections.ConfigDict) -> ImageClassification:
 def from_workdir(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> ImageClassification:
     """The experiment for predicting with a trained model: no data needed."""
     return ImageClassification(config)
-
-
-def base_config() -> ml_collections.ConfigDict:
-    """What every CIFAR-10 config shares: data, optimiser, trainer, eval and mesh sections
-    (configs/vit_cifar10.py adds the model)."""
-    config = run_options("image_classification")
-
-    config.data = ml_collections.ConfigDict()
-    config.data.dataset = "cifar10"
-    config.data.num_val = 5000  # held out of the 50k training images, seeded by split_seed
-    config.data.split_seed = 0
-    config.data.crop_padding = 4  # random crop after zero padding; 0: off
-    config.data.flip = True  # random horizontal flip
-    config.data.randaugment_ops = 0  # RandAugment ops per image; 0: off
-    config.data.randaugment_magnitude = 9.0  # 0..10
-    config.data.mixup_alpha = 0.0  # 0: off
-    config.data.cutmix_alpha = 0.0  # 0: off (both > 0: one or the other per batch)
-    config.data.num_workers = 0  # 0: augment in a background thread; > 0: worker processes; -1: cores less two
-
-    config.optimizer = optimizer_options(warmup_steps=500, decay_steps=10000, weight_decay=0.05)
-    config.train = train_options(num_steps=10000, label_smoothing=0.1)  # batch_size in images
-
-    config.eval = ml_collections.ConfigDict()
-    config.eval.every = 1000
-    config.eval.batch_size = 1000  # images, global (the 5k val and 10k test splits)
-
-    config.mesh = sharding.mesh_options()
-    config.sharding_rules = sharding.DEFAULT_RULES
-    return config
-

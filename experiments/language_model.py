@@ -1,7 +1,8 @@
 """Language modelling: next-token prediction with a GPT on a character-level corpus, a pre-tokenised
 token file (nanoGPT's train.bin / val.bin, with its tokenizer when data.tokenizer names one: what
-`python -m lm.cli.prepare` writes) or synthetic random ids (for throughput runs)."""
+`lm prepare` writes) or synthetic random ids (for throughput runs)."""
 
+import functools
 import pathlib
 
 import jax
@@ -9,17 +10,17 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from lm.data import bpe, text, tokens
+from lm.data import bpe, run_cache, text, tokens
 from lm.decode.generate import generate
 from lm.errors import UserError
-from lm.layers.moe import parameter_counts
 from lm.losses import moe_objective
 from lm.models.config import transformer_config
 from lm.models.gpt import GPT, GPTConfig, flops_per_token
+from lm.train.experiment import Experiment
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKEN_SOURCES = ("token_file", "synthetic")  # data.dataset values that give token ids (a tokenizer optional)
-TOKENIZER_FORMAT = "a tokenizer.json as python -m lm.cli.prepare writes it"
+TOKENIZER_FORMAT = "a tokenizer.json as lm prepare writes it"
 
 
 def gpt_config(config: ml_collections.ConfigDict, vocab_size: int) -> GPTConfig:
@@ -34,7 +35,7 @@ def gpt_config(config: ml_collections.ConfigDict, vocab_size: int) -> GPTConfig:
     )
 
 
-class LanguageModel:
+class LanguageModel(Experiment):
     unit = "tokens"
 
     def __init__(
@@ -47,7 +48,7 @@ class LanguageModel:
         """tokenizer: the character vocabulary of a text corpus, a token file's (data.tokenizer), or None
         for token ids without one (whose vocabulary is data.vocab_size). train_tokens, val_tokens: (N,)
         ids (memory-mapped for a token file; None for synthetic ids and for sampling)."""
-        self.config = config
+        super().__init__(config)
         self.tokenizer = tokenizer
         self.train_tokens = train_tokens
         self.val_tokens = val_tokens
@@ -81,12 +82,6 @@ class LanguageModel:
             )
         return text.train_windows(self.train_tokens, length, batch_size, seed, shard, start_step)
 
-    def evaluators(self):
-        return []  # the trainer's eval (loss, accuracy) is all
-
-    def batch_variants(self, batch):
-        return [batch]  # one shape
-
     def eval_data(self):
         return self.val_windows(self.config.data.context_length)
 
@@ -100,12 +95,6 @@ class LanguageModel:
             return tokens.eval_windows(self.val_tokens, length, e.batch_size, e.num_batches, self.vocab_size)
         return text.eval_windows(self.val_tokens, length, e.batch_size, e.num_batches, seed=0)
 
-    def eval_weight(self, batch) -> jax.Array:
-        return jnp.asarray(batch["targets"].size, jnp.float32)  # every batch has the same tokens
-
-    def active_params(self, params) -> int:
-        return parameter_counts(params, self.config.model.moe.top_k)[1]
-
     def flops_per_example(self, active_params: int) -> float:
         return flops_per_token(self.model.config, active_params) * self.config.data.context_length
 
@@ -113,11 +102,17 @@ class LanguageModel:
         if self.tokenizer is not None:  # token ids without data.tokenizer: nothing to decode them with
             self.tokenizer.save(workdir / TOKENIZER_FILE)
 
+    def export_vocabulary(self) -> tuple[int, None]:
+        """The model's vocabulary; the tokenizer stays in the run folder (characters or BPE ids)."""
+        return self.vocab_size, None
+
     def sample(self, params, prompt: str, max_new_tokens: int, temperature: float, top_k: int,
                seed: int = 0, top_p: float = 1.0) -> str:
+        """The prompt continued by max_new_tokens sampled tokens, as text; a UserError for a run without a
+        tokenizer or a prompt the tokenizer cannot encode to at least one id."""
         if self.tokenizer is None:
             raise UserError(no_tokenizer(self.config))
-        prompt_ids = self.tokenizer.encode(prompt)[None]  # (1, P)
+        prompt_ids = encode_prompt(self.tokenizer, prompt, "--prompt")[None]  # (1, P)
         ids = generate(
             self.model, params, prompt_ids, max_new_tokens, jax.random.key(seed), temperature, top_k, top_p
         )
@@ -147,20 +142,19 @@ class LanguageModel:
         return results
 
 
-def build(config: ml_collections.ConfigDict) -> LanguageModel:
+def build(config: ml_collections.ConfigDict, workdir: pathlib.Path | None = None) -> LanguageModel:
     """By data.dataset: a text corpus (tinyshakespeare) is read, its character vocabulary fitted and
-    split train/val; a token file memory-maps data.train_file and data.val_file (data.token_dtype
-    ids, each < data.vocab_size), with data.tokenizer's tokenizer when set (its vocabulary must be
-    data.vocab_size); synthetic reads nothing (random ids < data.vocab_size)."""
+    split train/val (text_ids); a token file memory-maps data.train_file and data.val_file
+    (data.token_dtype ids, each < data.vocab_size), with data.tokenizer's tokenizer when set (its
+    vocabulary must be data.vocab_size); synthetic reads nothing (random ids < data.vocab_size)."""
     d = config.data
     if d.get("tokenizer") and d.dataset != "token_file":
         raise UserError(f"data.tokenizer is for data.dataset='token_file' (the ids it wrote), not "
                         f"{d.dataset!r}: drop data.tokenizer")
     if d.dataset in text.DATASETS:
-        corpus = text.load_text(d.dataset)
-        tokenizer = text.CharTokenizer.fit(corpus)
-        train_tokens, val_tokens = text.split_tokens(tokenizer.encode(corpus), d.train_fraction)
-        return LanguageModel(config, tokenizer, train_tokens, val_tokens)
+        tokenizer, ids = text_ids(config, workdir)
+        encode_prompt(tokenizer, config.sample.prompt, "--config.sample.prompt")
+        return LanguageModel(config, tokenizer, *text.split_tokens(ids, d.train_fraction))
     if d.dataset not in TOKEN_SOURCES:
         raise UserError(f"data.dataset={d.dataset!r}: use one of {', '.join([*text.DATASETS, *TOKEN_SOURCES])}")
     vocab_size = d.get("vocab_size")
@@ -170,6 +164,8 @@ def build(config: ml_collections.ConfigDict) -> LanguageModel:
     if d.dataset == "synthetic":
         return LanguageModel(config, None)
     tokenizer = token_file_tokenizer(d) if d.get("tokenizer") else None
+    if tokenizer is not None:
+        encode_prompt(tokenizer, config.sample.prompt, "--config.sample.prompt")
     opened = []
     for field in ("train_file", "val_file"):
         if not d.get(field):
@@ -178,6 +174,16 @@ def build(config: ml_collections.ConfigDict) -> LanguageModel:
         opened.append(tokens.open_tokens(d[field], d.get("token_dtype", "uint16"), d.context_length,
                                          vocab_size, f"data.{field}"))
     return LanguageModel(config, tokenizer, *opened)
+
+
+def text_ids(config: ml_collections.ConfigDict, workdir: pathlib.Path | None) -> tuple[text.CharTokenizer, np.ndarray]:
+    """The character vocabulary of the data.dataset text and the text as ids (N,): fitted and encoded, or
+    for a resumed run the vocabulary saved in workdir and the ids cached there (lm/data/run_cache.py)."""
+    corpus = functools.cache(lambda: text.load_text(config.data.dataset))  # read only if needed, once
+    tokenizer = run_cache.saved_or_fitted(workdir, config, TOKENIZER_FILE, text.CharTokenizer.load,
+                                          lambda: text.CharTokenizer.fit(corpus()))
+    key = run_cache.digest(config.data, tokenizer.chars)
+    return tokenizer, run_cache.cached(workdir, "tokens", key, lambda: tokenizer.encode(corpus()))
 
 
 def token_file_tokenizer(data: ml_collections.ConfigDict) -> bpe.BPETokenizer:
@@ -190,24 +196,32 @@ def token_file_tokenizer(data: ml_collections.ConfigDict) -> bpe.BPETokenizer:
     return tokenizer
 
 
+def encode_prompt(tokenizer: text.CharTokenizer | bpe.BPETokenizer, prompt: str, option: str) -> np.ndarray:
+    """The (P,) ids of a prompt to continue, P >= 1; a UserError naming option (where the prompt came
+    from: the config's sample.prompt, checked before step 1, or lm sample's --prompt) otherwise."""
+    try:
+        ids = tokenizer.encode(prompt)
+    except ValueError as e:  # a character vocabulary without some of the prompt's characters
+        problem = str(e)
+    else:
+        if len(ids):
+            return ids
+        problem = "it encodes to no token ids"
+    raise UserError(f"{option}={prompt!r}: {problem}; sampling needs a prompt of at least one token: set "
+                    f"{option}=TEXT to text in the run's vocabulary")
+
+
 def no_tokenizer(config: ml_collections.ConfigDict) -> str:
     return (f"this run was trained on token ids (data.dataset={config.data.dataset!r}) and has no tokenizer "
             "to decode text: sampling needs a run trained on text (data.dataset='tinyshakespeare') or on "
-            "token files with their data.tokenizer (python -m lm.cli.prepare writes both)")
-
-
-def vocab_size(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> int:
-    """The vocabulary of the run in workdir: data.vocab_size for token ids, else its saved tokenizer's."""
-    if config.data.dataset in TOKEN_SOURCES:
-        return config.data.vocab_size
-    return text.CharTokenizer.load(workdir / TOKENIZER_FILE).vocab_size
+            "token files with their data.tokenizer (lm prepare writes both)")
 
 
 def from_workdir(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> LanguageModel:
-    """The experiment for sampling: tokenizer from the workdir, no corpus needed. A run trained on
-    token ids without data.tokenizer has no tokenizer: a UserError."""
+    """The experiment for sampling and export: tokenizer from the workdir, no corpus needed. A run trained
+    on token ids without data.tokenizer has none (sample() then says so)."""
     if config.data.dataset not in TOKEN_SOURCES:
         return LanguageModel(config, text.CharTokenizer.load(workdir / TOKENIZER_FILE))
     if not config.data.get("tokenizer"):
-        raise UserError(f"{workdir}: {no_tokenizer(config)}")
+        return LanguageModel(config, None)
     return LanguageModel(config, bpe.BPETokenizer.load(workdir / TOKENIZER_FILE))

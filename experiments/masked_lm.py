@@ -7,31 +7,34 @@ The tokenizer is bert-base-uncased's vocabulary (data.vocab) or trained on the t
 (data.vocab="", data.vocab_size); either way it is saved in the run folder (tokenizer/tokenizer.json).
 """
 
+import functools
 import pathlib
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from lm.data import masked_lm
+from lm.data import masked_lm, run_cache
 from lm.data.wordpiece import WordPieceTokenizer
 from lm.errors import UserError, check_count
-from lm.layers.moe import parameter_counts
 from lm.losses import cross_entropy, masked_accuracy, masked_cross_entropy, moe_objective
 from lm.models.bert import BertForPretraining, bert_config, flops_per_sequence
+from lm.train.experiment import Experiment
 
 TOKENIZER_DIR = "tokenizer"  # workdir/tokenizer/tokenizer.json
 METRICS = ("mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy")
 
 
-class MaskedLM:
+class MaskedLM(Experiment):
     unit = "tokens"  # sequence positions, padding included
 
     def __init__(self, config: ml_collections.ConfigDict, tokenizer: WordPieceTokenizer,
                  train_pairs: list[masked_lm.Pair] | None = None, eval_pairs: list[masked_lm.Pair] | None = None):
         """train_pairs, eval_pairs: the pairs of the training and held-out documents (None to predict)."""
-        self.config, self.tokenizer = config, tokenizer
+        super().__init__(config)
+        self.tokenizer = tokenizer
         self.train_pairs, self.eval_pairs = train_pairs or [], eval_pairs or []
         self.model = BertForPretraining(bert_config(config.model, tokenizer.vocab_size))
         self.masking = masked_lm.Masking.of(tokenizer, config.data.mask_prob, config.data.max_predictions)
@@ -67,22 +70,10 @@ class MaskedLM:
         return masked_lm.train_batches(self.train_pairs, self.masking, d.max_seq_len, self.tokenizer.pad_id,
                                        batch_size, seed, shard, start_step)
 
-    def batch_variants(self, batch):
-        return [batch]  # one shape
-
     def eval_data(self):
         e = self.config.eval
         return masked_lm.eval_batches(self.eval_pairs, self.masking, self.config.data.max_seq_len,
                                       self.tokenizer.pad_id, e.batch_size, e.num_batches)
-
-    def eval_weight(self, batch) -> jax.Array:
-        return jnp.asarray(batch["next_sentence"].shape[0], jnp.float32)  # every eval batch has as many pairs
-
-    def evaluators(self):
-        return []  # the trainer's eval of the held-out pairs is all
-
-    def active_params(self, params) -> int:
-        return parameter_counts(params, self.config.model.moe.top_k)[1]
 
     def flops_per_example(self, active_params: int) -> float:
         d = self.config.data
@@ -91,8 +82,9 @@ class MaskedLM:
     def save_assets(self, workdir: pathlib.Path) -> None:
         self.tokenizer.save(workdir / TOKENIZER_DIR)
 
-    def texts(self, params) -> dict[str, str]:
-        return {}
+    def export_vocabulary(self) -> tuple[int, WordPieceTokenizer]:
+        """The WordPiece vocabulary, written beside the weights (vocab.txt) as BERT folders hold it."""
+        return self.tokenizer.vocab_size, self.tokenizer
 
     def final_results(self, params, evaluate, workdir: pathlib.Path) -> dict[str, float]:
         """The held-out metrics of the trained model (heldout_mlm_loss, ...)."""
@@ -115,21 +107,46 @@ def check_config(config: ml_collections.ConfigDict) -> None:
                         "path (e.g. 'bert-base-uncased'), or data.vocab='' and data.vocab_size=N to train one")
 
 
-def build(config: ml_collections.ConfigDict) -> MaskedLM:
+def build(config: ml_collections.ConfigDict, workdir: pathlib.Path | None = None) -> MaskedLM:
     """Reads the corpus, holds data.eval_documents documents out (drawn with seed 0), loads or trains the
-    tokenizer, tokenizes every sentence and builds the training and held-out pairs."""
+    tokenizer, tokenizes every sentence and builds the training and held-out pairs; a resumed run reads the
+    tokenizer saved in workdir and the pairs cached there instead (lm/data/run_cache.py)."""
     check_config(config)
     d = config.data
-    tokenizer = WordPieceTokenizer.from_vocab(d.vocab) if d.vocab else None
-    documents = [document for name in d.corpus for document in masked_lm.read_documents(name, d.max_documents)]
-    if not 1 <= d.eval_documents < len(documents):
-        raise UserError(f"data.eval_documents={d.eval_documents}: hold out at least 1 and fewer than the "
+    documents = functools.cache(lambda: split_documents(d))  # read only if needed, once
+    tokenizer = run_cache.saved_or_fitted(workdir, config, TOKENIZER_DIR, WordPieceTokenizer.load,
+                                          lambda: fit_tokenizer(d, documents))
+    key = run_cache.digest(d, config.seed, run_cache.saved_digest(tokenizer.save))
+    train_pairs, eval_pairs = run_cache.cached(workdir, "pairs", key,
+                                               lambda: make_pairs(config, tokenizer, *documents()))
+    return MaskedLM(config, tokenizer, train_pairs, eval_pairs)
+
+
+def split_documents(data: ml_collections.ConfigDict) -> tuple[list[list[str]], list[list[str]]]:
+    """The documents of data.corpus (paragraphs each), as (training, held-out): data.eval_documents of them
+    held out, drawn with seed 0."""
+    documents = [document for name in data.corpus for document in masked_lm.read_documents(name, data.max_documents)]
+    if not 1 <= data.eval_documents < len(documents):
+        raise UserError(f"data.eval_documents={data.eval_documents}: hold out at least 1 and fewer than the "
                         f"{len(documents)} documents of data.corpus")
-    held_out = set(np.random.default_rng(0).choice(len(documents), d.eval_documents, replace=False).tolist())
-    train_documents = [doc for i, doc in enumerate(documents) if i not in held_out]
-    eval_documents = [doc for i, doc in enumerate(documents) if i in held_out]
-    if tokenizer is None:
-        tokenizer = WordPieceTokenizer.train([p for doc in train_documents for p in doc], d.vocab_size)
+    held_out = set(np.random.default_rng(0).choice(len(documents), data.eval_documents, replace=False).tolist())
+    return ([doc for i, doc in enumerate(documents) if i not in held_out],
+            [doc for i, doc in enumerate(documents) if i in held_out])
+
+
+def fit_tokenizer(data: ml_collections.ConfigDict, documents: Callable[[], tuple[list, list]]) -> WordPieceTokenizer:
+    """data.vocab's vocabulary, or one of data.vocab_size pieces trained on the training documents
+    (documents() gives them, with the held-out ones: split_documents, called only to train)."""
+    if data.vocab:
+        return WordPieceTokenizer.from_vocab(data.vocab)
+    return WordPieceTokenizer.train([p for doc in documents()[0] for p in doc], data.vocab_size)
+
+
+def make_pairs(config: ml_collections.ConfigDict, tokenizer: WordPieceTokenizer, train_documents: list,
+               eval_documents: list) -> tuple[list[masked_lm.Pair], list[masked_lm.Pair]]:
+    """The (training, held-out) pairs of the documents' tokenized sentences; the training ones drawn with
+    config.seed."""
+    d = config.data
 
     def pairs(docs: list[list[str]], rng: np.random.Generator) -> list[masked_lm.Pair]:
         return masked_lm.create_pairs(masked_lm.tokenize_documents(docs, tokenizer), d.max_seq_len,
@@ -139,7 +156,7 @@ def build(config: ml_collections.ConfigDict) -> MaskedLM:
     eval_pairs = pairs(eval_documents, np.random.default_rng([masked_lm.EVAL_STREAM]))
     print(f"masked LM data: {len(train_pairs)} training pairs from {len(train_documents)} documents, "
           f"{len(eval_pairs)} held-out pairs from {len(eval_documents)}; vocabulary of {tokenizer.vocab_size}")
-    return MaskedLM(config, tokenizer, train_pairs, eval_pairs)
+    return train_pairs, eval_pairs
 
 
 def from_workdir(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> MaskedLM:

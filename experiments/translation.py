@@ -19,20 +19,17 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from lm import sharding
-from lm.data import translation
+from lm.data import run_cache, translation
 from lm.data.bleu import corpus_bleu, tokenized_bleu
 from lm.decode.search import beam_search, greedy_search, rnn_step_fn, transformer_step_fn
 from lm.distributed import is_primary
 from lm.errors import UserError, check_count
-from lm.layers.moe import parameter_counts
 from lm.layers.transformer import sown_per_layer
 from lm.losses import masked_accuracy, masked_cross_entropy, moe_objective
 from lm.models.config import compute_dtype, transformer_config
 from lm.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 from lm.models.seq2seq import Seq2Seq, Seq2SeqConfig
-from lm.train.experiment import Evaluator
-from lm.train.options import optimizer_options, run_options, train_options
+from lm.train.experiment import Evaluator, Experiment
 
 ARCHITECTURES = ("rnn", "transformer")
 
@@ -54,12 +51,12 @@ def build_model(config: ml_collections.ConfigDict, source_vocab: int, target_voc
     raise UserError(f"model.architecture={m.architecture!r}: use one of {ARCHITECTURES}")
 
 
-class Translation:
+class Translation(Experiment):
     unit = "tokens"  # target tokens; throughput counts the mean per sentence (batches vary in length)
 
     def __init__(self, config: ml_collections.ConfigDict, source_tokenizer, target_tokenizer,
                  splits: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] | None = None):
-        self.config = config
+        super().__init__(config)
         self.source_tokenizer, self.target_tokenizer = source_tokenizer, target_tokenizer
         self.splits = splits or {}
         self.model = build_model(config, source_tokenizer.vocab_size, target_tokenizer.vocab_size)
@@ -113,10 +110,6 @@ class Translation:
 
     def eval_weight(self, batch) -> jax.Array:
         return jnp.sum(batch["target_mask"].astype(jnp.float32))  # the real target tokens
-
-    def active_params(self, params) -> int:
-        moe = self.config.model.get("moe")
-        return parameter_counts(params, moe.top_k if moe else 1)[1]
 
     def flops_per_example(self, active_params: int) -> float:
         """6 N per target token (forward + backward matmuls), the encoder's share included."""
@@ -239,65 +232,33 @@ class Translation:
         return results
 
 
-def build(config: ml_collections.ConfigDict) -> Translation:
+def build(config: ml_collections.ConfigDict, workdir: pathlib.Path | None = None) -> Translation:
     """Reads Multi30k (the first data.max_train_pairs training pairs, if set), fits the tokenizers on the
-    training split and encodes every split."""
+    training split and encodes every split; a resumed run reads the tokenizers saved in workdir and the
+    encoded splits cached there instead (lm/data/run_cache.py)."""
     d = config.data
     check_count(d, "max_train_pairs", "pairs")
-    pairs = {split: translation.load_pairs(split, d.source_lang, d.target_lang) for split in translation.SPLITS}
-    if d.max_train_pairs:
-        pairs["train"] = tuple(side[: d.max_train_pairs] for side in pairs["train"])
-    source_tokenizer, target_tokenizer = translation.build_tokenizers(
-        d.tokenizer, *pairs["train"], vocab_size=d.vocab_size, model_type=d.sentencepiece_model, min_freq=d.min_freq
+    pairs = functools.cache(lambda: read_pairs(d))  # read only if needed, once
+    tokenizers = run_cache.saved_or_fitted(
+        workdir, config, translation.TOKENIZERS_DIR, lambda _: translation.load_tokenizers(workdir),
+        lambda: translation.build_tokenizers(d.tokenizer, *pairs()["train"], vocab_size=d.vocab_size,
+                                             model_type=d.sentencepiece_model, min_freq=d.min_freq),
     )
-    splits = {
-        split: translation.encode_pairs(*pairs[split], source_tokenizer, target_tokenizer) for split in pairs
-    }
-    return Translation(config, source_tokenizer, target_tokenizer, splits)
+    key = run_cache.digest(d, run_cache.saved_digest(lambda folder: translation.save_tokenizers(folder, *tokenizers)))
+    splits = run_cache.cached(workdir, "splits", key, lambda: {
+        split: translation.encode_pairs(*sides, *tokenizers) for split, sides in pairs().items()})
+    return Translation(config, *tokenizers, splits)
+
+
+def read_pairs(data: ml_collections.ConfigDict) -> dict[str, tuple[list[str], list[str]]]:
+    """Every split of Multi30k as (source sentences, target sentences), the training split cut to its first
+    data.max_train_pairs (0: all)."""
+    pairs = {split: translation.load_pairs(split, data.source_lang, data.target_lang) for split in translation.SPLITS}
+    if data.max_train_pairs:
+        pairs["train"] = tuple(side[: data.max_train_pairs] for side in pairs["train"])
+    return pairs
 
 
 def from_workdir(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Translation:
     """The experiment for translating: tokenizers from the run folder, no corpus needed."""
     return Translation(config, *translation.load_tokenizers(workdir))
-
-
-def base_config() -> ml_collections.ConfigDict:
-    """What every translation config shares: data, optimiser, trainer, eval and mesh sections
-    (configs/translate_*.py add the model)."""
-    config = run_options("translation")
-
-    config.data = ml_collections.ConfigDict()
-    config.data.source_lang = "de"
-    config.data.target_lang = "en"
-    config.data.tokenizer = "sentencepiece"  # sentencepiece | word (lowercased, as the PyTorch tutorials)
-    config.data.vocab_size = 8000  # per language, for sentencepiece
-    config.data.sentencepiece_model = "unigram"  # unigram | bpe
-    config.data.min_freq = 2  # for word: rarer words become <unk>
-    config.data.buckets = (16, 24, 32, 48, 64)  # padded lengths; longer training pairs are dropped
-    config.data.max_train_pairs = 0  # the first so many training pairs (tokenizers fitted on them too; 0: all)
-
-    config.optimizer = optimizer_options(warmup_steps=200, decay_steps=2500, b2=0.98)
-    # 128 sentences a step: 2500 steps are 11 epochs of the 29k training pairs.
-    config.train = train_options(num_steps=2500, checkpoint_every=500, label_smoothing=0.1)
-
-    config.eval = ml_collections.ConfigDict()
-    config.eval.every = 500
-    config.eval.bleu_every = 500  # greedy sacreBLEU on the val split during training (val_bleu); 0: off
-    config.eval.batch_size = 128  # sentences, also for decoding
-    config.eval.test_split = "test_2016_flickr"  # scored once after training (results.json)
-    config.eval.beam_sizes = (1, 4)  # 1 = greedy
-    config.eval.length_penalty = 0.6  # GNMT alpha for beam search
-
-    config.mesh = sharding.mesh_options()
-    config.sharding_rules = sharding.DEFAULT_RULES
-    return config
-
-
-def use_test_sizes(config: ml_collections.ConfigDict) -> None:
-    """The data, schedule and eval of the configs' `test` variants: the first 5000 training pairs, a
-    500-piece vocabulary, two bucket shapes (two compilations), 20 steps, greedy and beam-2 scoring (on
-    the whole val and test splits); seconds on a CPU."""
-    config.data.update(max_train_pairs=5000, vocab_size=500, buckets=(16, 32))
-    config.train.update(batch_size=16, num_steps=20, log_every=5, checkpoint_every=10)
-    config.optimizer.update(learning_rate=3e-3, warmup_steps=2, decay_steps=20)
-    config.eval.update(every=10, bleu_every=0, batch_size=256, beam_sizes=(1, 2))

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Plain multi-node launcher (no scheduler): run this on every node, with the same lm.main arguments.
+# Plain multi-node launcher (no scheduler): run this on every node, with the same `lm train` arguments.
 #
 #   COORDINATOR=node0.example.com:8476 NUM_NODES=2 NODE_RANK=0 launch/multinode.sh \
 #       --config=configs/gpt_shakespeare.py:small --workdir=/shared/runs/small    # on node0
@@ -17,5 +17,5 @@ set -euo pipefail
 : "${NODE_RANK:?set NODE_RANK to the index of this node, 0 to NUM_NODES - 1}"
 PYTHON="${PYTHON:-python}"
 
-exec "$PYTHON" -m lm.main "$@" \
+exec "$PYTHON" -m lm train "$@" \
     --coordinator_address="$COORDINATOR" --num_processes="$NUM_NODES" --process_id="$NODE_RANK"

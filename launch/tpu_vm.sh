@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Cloud TPU VMs, one host or a multi-host pod slice: create the VM, install lm on every host, and run
-# the same lm.main command on every host (gcloud ... ssh --worker=all). On a pod slice each host's
+# the same `lm train` command on every host (gcloud ... ssh --worker=all). On a pod slice each host's
 # process finds the others through jax.distributed (from the TPU metadata, nothing to pass); process
 # 0 prints the progress.
 #
@@ -31,8 +31,8 @@ on_all_hosts() {  # a shell command, run on every host of the slice
   "${GCLOUD[@]}" ssh "$TPU_NAME" --zone="$ZONE" "${PROJECT_FLAG[@]}" --worker=all --command="$1"
 }
 
-lm_command() {  # the lm.main command line with this script's arguments, quoted for the remote shell
-  printf 'cd ~/lm && python3 -m lm.main'
+lm_command() {  # the `lm train` command line with this script's arguments, quoted for the remote shell
+  printf 'cd ~/lm && python3 -m lm train'
   printf ' %q' "$@"
 }
 
@@ -56,12 +56,12 @@ case "$action" in
   logs)
     "${GCLOUD[@]}" ssh "$TPU_NAME" --zone="$ZONE" "${PROJECT_FLAG[@]}" --worker=0 --command="tail -n 100 -f ~/lm.log" ;;
   stop)
-    on_all_hosts "pkill -TERM -f 'python3 -m lm.main' || true" ;;
+    on_all_hosts "pkill -TERM -f 'python3 -m lm train' || true" ;;
   ssh)
     "${GCLOUD[@]}" ssh "$TPU_NAME" --zone="$ZONE" "${PROJECT_FLAG[@]}" --worker="${WORKER:-0}" "$@" ;;
   delete)
     "${GCLOUD[@]}" delete "$TPU_NAME" --zone="$ZONE" "${PROJECT_FLAG[@]}" --quiet ;;
   *)
-    echo "usage: launch/tpu_vm.sh create|setup|dryrun|run|start|logs|stop|ssh|delete [lm.main arguments]" >&2
+    echo "usage: launch/tpu_vm.sh create|setup|dryrun|run|start|logs|stop|ssh|delete [lm train arguments]" >&2
     exit 2 ;;
 esac

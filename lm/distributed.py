@@ -1,6 +1,6 @@
 """Multi-process start-up: jax.distributed on TPU pods, GPU clusters and several processes on one host.
 
-Every process runs the same `python -m lm.main ...` command. Before jax touches a device,
+Every process runs the same `lm train ...` command. Before jax touches a device,
 `initialize` decides whether this process is one of several:
   - flags (or the JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID environment) name
     the coordinator, the process count and this process's id: a plain multi-node launch;

@@ -91,10 +91,15 @@ def answer_f1(prediction: str, reference: str) -> float:
 def squad_scores(predictions: dict[str, str], references: dict[str, Sequence[str]]) -> dict[str, float]:
     """predictions {question id: answer text}, references {question id: every reference answer} ->
     exact_match and f1, each the max over a question's references, averaged over every question of
-    references (a question without a prediction scores 0)."""
+    references. A question without a prediction scores 0, as in evaluate-v1.1.py (not as the empty
+    answer, which matches a reference like "." that normalises to "")."""
     exact, f1 = [], []
     for question, answers in references.items():
-        prediction = predictions.get(question, "")
+        if question not in predictions:
+            exact.append(0.0)
+            f1.append(0.0)
+            continue
+        prediction = predictions[question]
         exact.append(max(answer_exact_match(prediction, a) for a in answers))
         f1.append(max(answer_f1(prediction, a) for a in answers))
     return {"exact_match": float(np.mean(exact)), "f1": float(np.mean(f1))}

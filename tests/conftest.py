@@ -121,6 +121,7 @@ def trained_run(tmp_path_factory, data_dir):
     import jax
 
     from configs.gpt_shakespeare import get_config
+    from lm.cli.resolve import build_experiment
     from lm.train.loop import train
 
     config = get_config("test")
@@ -132,6 +133,6 @@ def trained_run(tmp_path_factory, data_dir):
     with (shared / "trained_run.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not summary_file.is_file():
-            summary = train(config, str(workdir), devices=jax.devices()[:1])
+            summary = train(config, str(workdir), build_experiment, devices=jax.devices()[:1])
             summary_file.write_text(json.dumps(summary))
     return config, workdir, json.loads(summary_file.read_text())

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from conftest import REPO, subprocess_env
 
+from lm.cli.resolve import build_experiment
 from lm.errors import UserError
 from lm.train import loop, setup
 
@@ -20,7 +21,7 @@ from lm.train import loop, setup
 def lowered_train_step(config) -> str:
     """The StableHLO of config's train step as the trainer builds it (one device), before XLA
     optimises it (XLA:CPU upcasts bf16 scatters to f32 afterwards; XLA:GPU runs them as they are)."""
-    run = setup.build(config, jax.devices()[:1])
+    run = setup.build(config, build_experiment, jax.devices()[:1])
     batch = next(iter(run.train_data(0)))
     with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.rules):
         shapes, shardings = run.abstract_state()
@@ -56,7 +57,7 @@ def test_steps_until_boundary(step, expected):
 
 
 def train_log(config, workdir) -> tuple[list[dict], dict]:
-    loop.train(config, str(workdir), devices=jax.devices()[:1])
+    loop.train(config, str(workdir), build_experiment, devices=jax.devices()[:1])
     records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     from experiments.language_model import build
 
@@ -83,7 +84,7 @@ def test_k_steps_per_dispatch_equal_k_single_steps(data_dir, test_config, tmp_pa
 def test_a_bad_steps_per_dispatch_is_a_user_error(test_config):
     test_config.train.steps_per_dispatch = 0
     with pytest.raises(UserError, match=r"train.steps_per_dispatch=0"):
-        setup.build(test_config, None)
+        setup.build(test_config, build_experiment, None)
 
 
 def test_the_loop_reads_device_values_only_at_log_eval_and_checkpoint_steps(data_dir, test_config, tmp_path,
@@ -97,7 +98,7 @@ def test_the_loop_reads_device_values_only_at_log_eval_and_checkpoint_steps(data
     device_get = jax.device_get
     monkeypatch.setattr(jax, "device_get", lambda tree: reads.append(1) or device_get(tree))
     with jax.transfer_guard_device_to_host("disallow"):
-        loop.train(test_config, str(tmp_path), devices=jax.devices()[:1])
+        loop.train(test_config, str(tmp_path), build_experiment, devices=jax.devices()[:1])
     assert 0 < len(reads) <= 6, len(reads)
 
 
@@ -133,8 +134,8 @@ def test_a_second_identical_run_compiles_faster(tmp_path, data_dir):
     compile_seconds = []
     for run in ("first", "second"):
         result = subprocess.run(
-            [sys.executable, "-m", "lm.main", "--config=configs/gpt_shakespeare.py:test", f"--workdir={tmp_path / run}",
-             "--config.train.num_steps=2", "--config.sample.max_new_tokens=0"],
+            [sys.executable, "-m", "lm", "train", "--config=configs/gpt_shakespeare.py:test",
+             f"--workdir={tmp_path / run}", "--config.train.num_steps=2", "--config.sample.max_new_tokens=0"],
             cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
         )
         assert result.returncode == 0, result.stderr[-2000:]
@@ -151,7 +152,7 @@ def test_image_workers_default_to_the_cores_less_two_and_keep_the_batches(monkey
 
     from lm.data import images
 
-    if not flags.FLAGS.is_parsed():  # Grain's workers read absl flags (lm.main parses them)
+    if not flags.FLAGS.is_parsed():  # Grain's workers read absl flags (lm train parses them)
         flags.FLAGS.mark_as_parsed()
     assert (images.worker_count(16), images.worker_count(3), images.worker_count(2)) == (14, 1, 1)
     rng = np.random.default_rng(0)

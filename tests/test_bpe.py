@@ -1,6 +1,6 @@
 """Byte-level BPE (lm.data.bpe) and text-level GPT: GPT-2 BPE and BERT WordPiece (lm.data.wordpiece) ids
 equal to Hugging Face transformers' on fixture sentences (tests/fixtures/tokenizers/ids.json, written by
-make_fixtures.py there), a trained BPE that round-trips any text, lm.cli.prepare's token files, and
+make_fixtures.py there), a trained BPE that round-trips any text, `lm prepare`'s token files, and
 prepare -> train -> sample end to end."""
 
 import json
@@ -13,6 +13,7 @@ from test_cli import assert_user_error, main_in_process
 
 from lm.cli import prepare as prepare_cli
 from lm.cli import sample as sample_cli
+from lm.cli.resolve import build_experiment
 from lm.data import bpe
 from lm.data.tokens import TOKEN_DTYPES
 from lm.errors import UserError
@@ -111,7 +112,7 @@ def test_prepare_bad_input_is_one_line(tmp_path, capsys, args, fragments):
     text = tmp_path / "input.txt"
     text.write_text(CORPUS)
     out = tmp_path / "out"
-    # (--workdir: lm.sample's flag, defined in this process too, is required; prepare ignores it)
+    # (--workdir: `lm sample`'s flag, defined in this process too, is required; prepare ignores it)
     result = main_in_process(capsys, prepare_cli, *(a.format(text=text) for a in args), f"--out={out}",
                              f"--workdir={tmp_path}")
     assert_user_error(result, *fragments)
@@ -133,13 +134,29 @@ def test_a_token_file_tokenizer_must_match_the_vocabulary(tmp_path, trained):
                                         "--config.data.vocab_size=320"):
         build(config)
     config.data.update(tokenizer=str(tmp_path / "none.json"))
-    with pytest.raises(UserError, match="none.json not found .*data.tokenizer.*python -m lm.cli.prepare"):
+    with pytest.raises(UserError, match="none.json not found .*data.tokenizer.*lm prepare"):
         build(config)
+
+
+def test_a_prompt_of_no_tokens_is_refused_when_the_experiment_is_built(tmp_path, trained):
+    from configs.gpt2 import get_config
+    from experiments.language_model import build
+
+    trained.save(tmp_path / "tokenizer.json")
+    np.arange(100, dtype="<u2").tofile(tmp_path / "ids.bin")
+    config = get_config("test")
+    config.data.update(dataset="token_file", train_file=str(tmp_path / "ids.bin"), val_file=str(tmp_path / "ids.bin"),
+                       tokenizer=str(tmp_path / "tokenizer.json"), vocab_size=320)
+    config.sample.prompt = ""
+    with pytest.raises(UserError, match="sample.prompt='': it encodes to no token ids.*--config.sample.prompt="):
+        build(config)
+    config.sample.prompt = "\n"
+    assert build(config).tokenizer.encode("\n").size == 1
 
 
 def test_prepare_train_and_sample_text(tmp_path, capsys, data_dir):
     """The documented path on a tiny scale: prepare a BPE, train configs/gpt2.py on the token files with
-    their tokenizer, then lm.sample prints text."""
+    their tokenizer, then `lm sample` prints text."""
     import jax
 
     from configs.gpt2 import get_config
@@ -157,7 +174,7 @@ def test_prepare_train_and_sample_text(tmp_path, capsys, data_dir):
     config.model.update(num_layers=1, scan_layers=False, loss_chunk=0)  # the quickest to compile
     config.sample.update(max_new_tokens=0)
     workdir = tmp_path / "run"
-    summary = train(config, str(workdir), devices=jax.devices()[:1])
+    summary = train(config, str(workdir), build_experiment, devices=jax.devices()[:1])
     capsys.readouterr()  # the training log
     assert summary["step"] == 4 and math.isfinite(summary["eval_loss"])
     assert (workdir / "tokenizer.json").read_text() == (folder / "tokenizer.json").read_text()
@@ -165,4 +182,5 @@ def test_prepare_train_and_sample_text(tmp_path, capsys, data_dir):
     assert sampled.returncode == 0, sampled.stderr[-2000:]
     text = sampled.stdout.rstrip("\n")
     assert text.startswith("ROMEO \u00fc") and len(text) > len("ROMEO \u00fc")  # each new id is at least a byte
-    assert_user_error(main_in_process(capsys, sample_cli, f"--workdir={workdir}", "--prompt="), "--prompt is empty")
+    empty = main_in_process(capsys, sample_cli, f"--workdir={workdir}", "--prompt=")
+    assert_user_error(empty, "--prompt='': it encodes to no token ids")

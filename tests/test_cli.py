@@ -1,6 +1,6 @@
 """The command line: bad input gets one line on stderr, exit code 2, and an untouched workdir.
 
-The config checks run in this process, on lm.main's path after flag parsing (train_in_process); a few
+The config checks run in this process, on lm train's path after flag parsing (train_in_process); a few
 tests run the real commands in subprocesses, for what only a process shows: flag parsing and app.run's
 wiring, exit codes of signals, a fresh process's devices and compilation cache."""
 
@@ -14,20 +14,22 @@ import pytest
 from absl import flags
 from conftest import REPO, subprocess_env
 
-from lm.cli import parse_flags, run_user_errors
+from lm.cli import parse_flags
 from lm.cli import sample as sample_cli
-from lm.overrides import resolve_config
+from lm.cli.overrides import resolve_config
+from lm.cli.resolve import build_experiment
+from lm.errors import run_user_errors
 from lm.train.loop import train
 
 SPEC = "configs/gpt_shakespeare.py:test"
 CONFIG = f"--config={SPEC}"
 
 
-def run(module, *args, env=None):
-    """module's command line in a subprocess; env adds variables to this one's (None: leaves it out)."""
+def run(*args, env=None):
+    """`python -m lm args` in a subprocess; env adds variables to this one's (None: leaves it out)."""
     env = subprocess_env(**{"JAX_PLATFORMS": "cpu", **(env or {})})
     return subprocess.run(
-        [sys.executable, "-m", module, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "lm", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
     )
 
 
@@ -43,12 +45,13 @@ def exit_code_and_output(capsys, fn) -> subprocess.CompletedProcess:
 
 
 def train_in_process(capsys, workdir, *overrides, num_devices=1) -> subprocess.CompletedProcess:
-    """`python -m lm.main --config=SPEC --workdir=workdir overrides` after its flags are parsed, in this
+    """`python -m lm train --config=SPEC --workdir=workdir overrides` after its flags are parsed, in this
     process on num_devices devices (one, as a user's CPU has): the config resolved from the
-    --config.key=value overrides as lm.main resolves them, then train with lm.main's error handling."""
+    --config.key=value overrides as lm train resolves them, then train with lm train's error handling."""
     config = resolve_config(SPEC, dict(o.removeprefix("--config.").split("=", 1) for o in overrides))
     devices = jax.devices()[:num_devices]
-    return exit_code_and_output(capsys, lambda: run_user_errors(lambda: train(config, str(workdir), devices)))
+    return exit_code_and_output(
+        capsys, lambda: run_user_errors(lambda: train(config, str(workdir), build_experiment, devices)))
 
 
 def main_in_process(capsys, module, *args, parse_flags=parse_flags) -> subprocess.CompletedProcess:
@@ -81,7 +84,7 @@ def snapshot(folder):
 def test_bad_override_is_one_line_and_writes_nothing(tmp_path, override, fragments):
     """The command line's own parsing of --config.key=value (a subprocess: app.run's flag parser)."""
     workdir = tmp_path / "run"
-    assert_user_error(run("lm.main", CONFIG, f"--workdir={workdir}", override), *fragments)
+    assert_user_error(run("train", CONFIG, f"--workdir={workdir}", override), *fragments)
     assert not workdir.exists() or not any(workdir.iterdir())
 
 
@@ -103,7 +106,7 @@ def test_bad_config_is_one_line_and_writes_nothing(tmp_path, data_dir, capsys, o
 
 
 def test_unknown_variant(tmp_path):
-    result = run("lm.main", "--config=configs/gpt_shakespeare.py:huge", f"--workdir={tmp_path}")
+    result = run("train", "--config=configs/gpt_shakespeare.py:huge", f"--workdir={tmp_path}")
     assert_user_error(result, "huge")
 
 
@@ -140,11 +143,11 @@ def test_checkpoint_of_another_model_shape_is_refused_untouched(trained_run, cap
 def test_sampling_from_a_checkpoint(trained_run, capsys):
     _, workdir, _ = trained_run
     relative = os.path.relpath(workdir, REPO)  # as a user types it (run() starts in the repository)
-    result = run("lm.sample", f"--workdir={relative}", "--prompt=ROMEO:", "--max_new_tokens=40", "--top_k=5")
+    result = run("sample", f"--workdir={relative}", "--prompt=ROMEO:", "--max_new_tokens=40", "--top_k=5")
     assert result.returncode == 0, result.stderr[-2000:]
     text = result.stdout.rstrip("\n")
     assert text.startswith("ROMEO:") and len(text) >= len("ROMEO:") + 30  # a trailing newline may be sampled
-    greedy = ["lm.sample", f"--workdir={workdir}", "--prompt=A", "--max_new_tokens=30", "--temperature=0"]
+    greedy = ["sample", f"--workdir={workdir}", "--prompt=A", "--max_new_tokens=30", "--temperature=0"]
     in_a_process, in_this_one = run(*greedy), main_in_process(capsys, sample_cli, *greedy[1:])
     assert in_a_process.stdout == in_this_one.stdout and in_a_process.returncode == in_this_one.returncode == 0
 
@@ -156,7 +159,7 @@ def test_sampling_from_an_empty_workdir(tmp_path, capsys):
 @pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_and_the_rerun_resumes(tmp_path, data_dir):
     workdir = tmp_path / "run"
-    args = [sys.executable, "-m", "lm.main", CONFIG, f"--workdir={workdir}", "--config.train.num_steps=100000",
+    args = [sys.executable, "-m", "lm", "train", CONFIG, f"--workdir={workdir}", "--config.train.num_steps=100000",
             "--config.train.log_every=1", "--config.eval.every=100000", "--config.train.checkpoint_every=100000"]
     process = subprocess.Popen(args, cwd=REPO, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True)
@@ -170,7 +173,7 @@ def test_sigterm_saves_a_checkpoint_and_the_rerun_resumes(tmp_path, data_dir):
     saved = int(err.split("saved a checkpoint at step ")[1].split(";")[0])
     assert 20 <= saved < 100000
     assert [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()] == [saved]
-    result = run("lm.main", CONFIG, f"--workdir={workdir}", f"--config.train.num_steps={saved + 2}",
+    result = run("train", CONFIG, f"--workdir={workdir}", f"--config.train.num_steps={saved + 2}",
                  "--config.train.log_every=1", "--config.eval.every=100000")
     assert result.returncode == 0, result.stderr[-2000:]
     assert f"resumed from step {saved}" in result.stdout
@@ -181,7 +184,7 @@ def test_dry_run_compiles_for_the_mesh_and_writes_nothing(tmp_path, data_dir):
     """--dry_run on 8 fake devices: the report's lines, exit 0, and no workdir created. The compiled
     step goes to train.compilation_cache_dir (the suite's own cache, from the environment, left out)."""
     workdir, cache = tmp_path / "never", tmp_path / "cache"
-    result = run("lm.main", CONFIG, f"--workdir={workdir}", "--dry_run", "--config.mesh.data=2",
+    result = run("train", CONFIG, f"--workdir={workdir}", "--dry_run", "--config.mesh.data=2",
                  "--config.mesh.fsdp=4", f"--config.train.compilation_cache_dir={cache}",
                  env={"XLA_FLAGS": subprocess_env(devices=8)["XLA_FLAGS"], "JAX_COMPILATION_CACHE_DIR": None,
                       "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"})
@@ -202,11 +205,29 @@ def test_dry_run_memory_shrinks_when_the_state_is_sharded(data_dir, test_config)
     up to about the model estimate."""
     from lm.train.dry_run import dry_run
 
-    replicated = dry_run(test_config)  # mesh data = all 8 devices
+    replicated = dry_run(test_config, build_experiment)  # mesh data = all 8 devices
     test_config.mesh.update(data=1, fsdp=8)
-    sharded = dry_run(test_config)
+    sharded = dry_run(test_config, build_experiment)
     state_bytes = 3 * 4 * replicated["num_params"]  # float32 params, mu and nu
     assert state_bytes <= replicated["argument_bytes"] < 1.1 * state_bytes
     assert sharded["argument_bytes"] < replicated["argument_bytes"] / 4
     for report in (replicated, sharded):
         assert 0.5 < 8 * report["xla_flops_per_device"] / report["model_flops_per_step"] < 3
+
+
+def test_lm_help_lists_every_command_and_an_unknown_one_is_one_line():
+    """`python -m lm --help`: exit 0, one line per command (its module's first docstring line); every
+    module of lm/cli but the shared ones is a command; an unknown command is one line, exit 2."""
+    from lm.cli import COMMANDS, summary
+
+    modules = {p.stem for p in (REPO / "lm/cli").glob("*.py")} - {"__init__", "resolve", "overrides"}
+    assert set(COMMANDS) == modules
+    result = run("--help")
+    assert result.returncode == 0, result.stderr
+    for command in COMMANDS:
+        assert f"  {command:<9}  {summary(command)}" in result.stdout.splitlines(), (command, result.stdout)
+        assert len(summary(command)) > 20
+    unknown = run("trian", CONFIG)
+    assert unknown.returncode == 2
+    assert unknown.stderr.splitlines() == ["error: unknown command 'trian': use one of train, sample, eval, export, "
+                                           "prepare, sweep, compare, translate (lm --help says what each does)"]

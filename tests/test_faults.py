@@ -13,8 +13,9 @@ from conftest import REPO, subprocess_env
 from test_cli import CONFIG, assert_user_error, main_in_process, snapshot, train_in_process
 
 from lm.cli import sample as sample_cli
+from lm.cli.resolve import build_experiment
 from lm.train.loop import train
-from lm.train.setup import load_experiment, restore_params
+from lm.train.setup import restore_params
 
 
 @pytest.fixture
@@ -37,13 +38,13 @@ def test_damaged_checkpoint_names_its_step_and_falls_back_only_when_asked(run_co
     assert_user_error(sampled, "checkpoint at step 40", "cannot be read")
 
     config.train.update(num_steps=45, restore_fallback=True)
-    summary = train(config, str(workdir), devices=jax.devices()[:1])
+    summary = train(config, str(workdir), build_experiment, devices=jax.devices()[:1])
     assert summary["step"] == 45
     assert (workdir / "checkpoints" / "40.corrupt").is_dir()  # kept for inspection, out of the way
     # Resumed from step 30: the steps 31-40 were retrained exactly as before.
     np.testing.assert_array_equal(
-        jax.tree.leaves(restore_params(config, load_experiment(config), workdir, step=40))[0],
-        jax.tree.leaves(restore_params(config, load_experiment(config), original, step=40))[0],
+        jax.tree.leaves(restore_params(config, build_experiment(config), workdir, step=40))[0],
+        jax.tree.leaves(restore_params(config, build_experiment(config), original, step=40))[0],
     )
 
 
@@ -52,7 +53,7 @@ def test_full_disk_during_a_save_keeps_the_previous_checkpoint(run_copy, capsys)
     as on a full disk (SIGXFSZ, which would kill the process, is ignored)."""
     config, _, workdir = run_copy
     env = subprocess_env(JAX_COMPILATION_CACHE_DIR=None)
-    command = f"ulimit -f 50; trap '' XFSZ; exec {sys.executable} -m lm.main {CONFIG} --workdir={workdir} " \
+    command = f"ulimit -f 50; trap '' XFSZ; exec {sys.executable} -m lm train {CONFIG} --workdir={workdir} " \
               "--config.train.num_steps=50"
     result = subprocess.run(["bash", "-c", command], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 2
@@ -61,7 +62,7 @@ def test_full_disk_during_a_save_keeps_the_previous_checkpoint(run_copy, capsys)
     (error,) = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert error.startswith("error: writing a checkpoint in") and "the checkpoint at step 40 is intact" in error
     assert sorted(p.name for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()) == ["30", "40"]
-    params = restore_params(config, load_experiment(config), workdir)  # the latest readable one: step 40
+    params = restore_params(config, build_experiment(config), workdir)  # the latest readable one: step 40
     assert all(np.isfinite(np.asarray(p)).all() for p in jax.tree.leaves(params))
     resumed = train_in_process(capsys, workdir, "--config.train.num_steps=42")
     assert resumed.returncode == 0 and "resumed from step 40" in resumed.stdout
@@ -103,3 +104,40 @@ def test_damaged_translation_and_image_files_are_named(tmp_path, monkeypatch):
             images.load_cifar10("test")
     finally:
         images.load_cifar10.cache_clear()
+
+
+@pytest.mark.parametrize("override, fragment", [
+    ("--config.model.num_heads=3", "not divisible by model.num_heads=3"),  # a config check, before the lock
+    ("--config.init_from=/nowhere/run", "no such file or directory"),  # after the checkpoints folder is opened
+])
+def test_a_run_stopped_by_a_check_leaves_the_filesystem_as_it_was(tmp_path, data_dir, capsys, override, fragment):
+    elsewhere = f"--config.train.checkpoint_dir={tmp_path / 'elsewhere' / 'checkpoints'}"
+    assert_user_error(train_in_process(capsys, tmp_path / "new" / "run", override, elsewhere), fragment)
+    assert not (tmp_path / "new").exists() and not (tmp_path / "elsewhere").exists()  # no folder, no parent
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    (existing / "notes.txt").write_text("mine")
+    before = snapshot(existing)
+    assert_user_error(train_in_process(capsys, existing, override), fragment)
+    assert snapshot(existing) == before  # no checkpoints/ folder, no lock file
+
+
+def test_a_run_killed_before_its_first_checkpoint_starts_one_history_again(tmp_path, data_dir, capsys, monkeypatch):
+    import json
+
+    from lm.train.checkpoint import Checkpointer
+
+    def killed(self, step, state):
+        raise RuntimeError("killed")
+
+    workdir = tmp_path / "run"
+    overrides = ("--config.train.num_steps=4", "--config.train.log_every=1", "--config.train.checkpoint_every=100")
+    with monkeypatch.context() as patch:  # killed at its first save: steps 0-4 logged, no checkpoint
+        patch.setattr(Checkpointer, "save", killed)
+        with pytest.raises(RuntimeError, match="killed"):
+            train_in_process(capsys, workdir, *overrides)
+    assert not (workdir / "checkpoints").exists()
+    assert train_in_process(capsys, workdir, *overrides).returncode == 0  # starts again at step 0
+    steps = [json.loads(line)["step"] for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert steps[0] == 0 and steps[-1] == 4 and steps == sorted(steps), steps  # once, not 0..4 then 0..4 again
+    assert len(list((workdir / "tensorboard").glob("events.out.tfevents.*"))) == 1

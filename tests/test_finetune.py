@@ -7,6 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
+from lm.cli.resolve import build_experiment
 from lm.data.tasks import conll2003, squad
 from lm.errors import UserError
 
@@ -68,6 +69,8 @@ def test_squad_windows_cover_the_context_and_map_answers_back(tokenizer):
     end_logits[inside[0], windows.rows["end"][inside[0]]] = 10
     answers = squad.predicted_answers(start_logits, end_logits, windows, questions, 30, 20)
     assert answers[question.id] == answer
+    # no valid span (none is shorter than 0 pieces): every question unanswered, not answered ""
+    assert squad.predicted_answers(start_logits, end_logits, windows, questions, 0, 20) == {}
 
 
 def test_missing_file_and_bad_labels_are_one_line_errors(tmp_path, monkeypatch, data_dir):
@@ -115,7 +118,7 @@ def test_tiny_pretrain_then_fine_tune_through_the_trainer(tmp_path, data_dir, ca
     pretrain.eval.every = 0
     pretrain.data.max_documents = 6
     pretrain.model.num_layers = 1  # (fewer layers: less to compile)
-    train(pretrain, str(tmp_path / "bert"), devices=jax.devices()[:1])
+    train(pretrain, str(tmp_path / "bert"), build_experiment, devices=jax.devices()[:1])
 
     config = bert_finetune.get_config("sst2_tiny")
     config.model.num_layers = 1  # as the pretraining run's
@@ -124,7 +127,7 @@ def test_tiny_pretrain_then_fine_tune_through_the_trainer(tmp_path, data_dir, ca
     config.train.update(num_steps=2, checkpoint_every=2)
     config.eval.update(every=2, batch_size=16)
     capsys.readouterr()
-    summary = train(config, str(tmp_path / "sst2"), devices=jax.devices()[:1])
+    summary = train(config, str(tmp_path / "sst2"), build_experiment, devices=jax.devices()[:1])
     out = capsys.readouterr().out
     assert "loaded        23 arrays" in out and ": bert (23)" in out  # the whole encoder
     assert "initialised    2 arrays" in out and ": head (2)" in out  # the new classifier
@@ -173,3 +176,45 @@ def test_train_batches_resume_and_shard_by_step():
     assert np.array_equal(np.concatenate(halves), whole[4])
     with pytest.raises(UserError, match="fewer than one global batch"):
         train_batches(rows, 16, seed=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["sst2", "squad"])
+def test_scores_from_the_sharded_eval_pass_equal_a_direct_computation(data_dir, task):
+    """The trainer's one eval pass over dev, its rows split over 4 devices and its last batch padded, gives
+    the predictions of every real row in order: the task's scores (eval_scores, final_results) and the loss
+    equal those of predicting all the rows at once on the host."""
+    import flax.linen as nn
+    import jax
+
+    from configs import bert_finetune
+    from experiments import finetune
+    from lm.train import setup
+    from lm.train.loop import Trainer
+
+    config = bert_finetune.get_config(f"{task}_tiny")
+    config.model.num_layers = 1  # (less to compile)
+    config.data.update(max_train_examples=16, max_eval_examples=10)  # SQuAD: 10 questions, more windows
+    config.eval.batch_size = 12  # the last batch padded (valid 0)
+    config.mesh.data = 4
+    run = setup.build(config, finetune.build, jax.devices()[:4])
+    experiment, dev = run.experiment, run.experiment.task.scored[0]
+    with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.rules):
+        _, state_shardings = run.abstract_state()
+        params = run.init_state(state_shardings).params
+        trainer = Trainer(run, state_shardings, checkpointer=None, writer=None, workdir=None)
+        evaluation = trainer.evaluate_batches(params, trainer.eval_batches)
+        final = experiment.final_results(params, lambda batches: trainer.evaluate_batches(params, batches), None)
+    rows = experiment.splits[dev].rows
+    padded = len(trainer.eval_batches) * config.eval.batch_size
+    assert len(evaluation.outputs["valid"]) == padded > len(rows["tokens"]) == evaluation.outputs["valid"].sum()
+
+    outputs = experiment.model.apply({"params": jax.device_get(params)}, rows)  # every row, one device
+    predicted = np.asarray(experiment.task.predict(outputs))
+    direct = experiment.task.score(predicted, experiment.splits[dev])
+    direct_loss = float(experiment.task.loss(outputs, rows)[0])
+    np.testing.assert_allclose(evaluation.outputs["predicted"][evaluation.outputs["valid"] == 1], predicted,
+                               rtol=1e-5, atol=1e-5)
+    assert experiment.eval_scores(evaluation.outputs) == pytest.approx({f"dev_{k}": v for k, v in direct.items()})
+    assert {k: final[f"{dev}_{k}"] for k in direct} == pytest.approx(direct)
+    assert final[f"{dev}_loss"] == pytest.approx(direct_loss, rel=1e-5) == evaluation["loss"]

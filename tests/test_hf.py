@@ -23,6 +23,7 @@ from tokenizers import models
 
 from experiments.image_classification import ImageClassification
 from experiments.language_model import LanguageModel
+from lm.cli.resolve import build_experiment
 from lm.data.wordpiece import SPECIAL_TOKENS, UNK, WordPieceTokenizer, bert_pipeline
 from lm.decode.generate import generate, sample_logits
 from lm.errors import UserError
@@ -217,7 +218,7 @@ def wordpiece_of_size(size: int) -> WordPieceTokenizer:
 def test_a_bert_run_exports_as_bert_for_pretraining_with_its_vocabulary_and_reads_back_exactly(loaded, tmp_path):
     """A scanned BertForPretraining (every parameter moved by noise, the heads too) and its 140-piece
     WordPiece tokenizer, saved as a run folder (config.json, a checkpoint, tokenizer/) and exported by
-    `lm.cli.export`: the tensors and shapes transformers' BertForPreTraining saves (the decoder tied, not
+    `lm export`: the tensors and shapes transformers' BertForPreTraining saves (the decoder tied, not
     written), its config.json fields, a vocab.txt that reads back as the same vocabulary, and
     init_from=hf: of the folder gives every parameter back exactly."""
     from lm.cli.export import export_run
@@ -322,9 +323,24 @@ def test_what_lm_cannot_represent_is_one_clear_line(tmp_path):
         export(config, {}, 150, tmp_path / "out")
 
 
+def test_a_context_longer_than_the_position_table_is_reported_with_the_other_differences():
+    """GPT-2's n_positions bounds data.context_length: one line with every difference and every flag."""
+    config = following(str(FIXTURES / "gpt2"), base_config("language_model"))
+    config.model.embed_dim, config.data.context_length = 64, 48
+    with pytest.raises(UserError, match=(
+            r"this run's config differs from config.json: model.embed_dim=64 \(config.json n_embd=32\), "
+            r"data.context_length=48 \(at most config.json n_positions=32\); run with --config.model.embed_dim=32 "
+            r"--config.data.context_length=32$")) as raised:
+        HFSource(str(FIXTURES / "gpt2"), config)
+    assert "\n" not in str(raised.value)
+    assert following(str(FIXTURES / "gpt2"), config).data.context_length == 32  # a config the folder accepts
+    config.model.embed_dim, config.data.context_length = 32, 32
+    HFSource(str(FIXTURES / "gpt2"), config)  # all of the position table
+
+
 def test_a_run_starts_from_a_hf_folder_and_the_export_cli_writes_it_back(tmp_path, capsys):
     """init_from=hf:DIR through the trainer (2 steps at learning rate 0), then
-    `lm.cli.export` of the run: the fixture's tensors, exactly."""
+    `lm export` of the run: the fixture's tensors, exactly."""
     from lm.cli.export import export_run
     from lm.train.loop import train
 
@@ -333,9 +349,9 @@ def test_a_run_starts_from_a_hf_folder_and_the_export_cli_writes_it_back(tmp_pat
     config.data.context_length = 32  # all of the position table: the export gives back every row
     config.model.update(scan_layers=False, loss_chunk=0)  # (quicker to compile)
     config.optimizer.update(learning_rate=0.0, min_learning_rate=0.0)
-    config.train.update(num_steps=2, log_every=1, checkpoint_every=2, peak_flops=1e12)  # (no matmul to time)
+    config.train.update(num_steps=2, log_every=1, checkpoint_every=2)
     config.eval.update(every=2, num_batches=1)
-    train(config, str(tmp_path / "run"), devices=jax.devices()[:1])
+    train(config, str(tmp_path / "run"), build_experiment, devices=jax.devices()[:1])
     out = capsys.readouterr().out
     assert f"init_from=hf:{FIXTURES / 'gpt2'}: a GPT2LMHeadModel; this run's config agrees" in out
     assert "loaded        36 arrays" in out and "initialised    0 arrays" in out and "dropped        0 arrays" in out

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from lm.cli.resolve import build_experiment
 from lm.errors import UserError
 from lm.layers.transformer import SCANNED_NAME, stack_layers, unstack_layers
 from lm.train import init_from
@@ -152,7 +153,7 @@ def test_a_run_starts_from_another_runs_parameters(trained_run, tmp_path, test_c
     test_config.eval.every = 100
     test_config.model.scan_layers = scan_layers
     workdir = tmp_path / "finetune"
-    train(test_config, str(workdir), devices=jax.devices()[:1])
+    train(test_config, str(workdir), build_experiment, devices=jax.devices()[:1])
     assert metrics(workdir)[0]["step"] == 0
     assert metrics(workdir)[0]["eval_loss"] == pytest.approx(source_summary["eval_loss"], rel=1e-6)
     out = capsys.readouterr().out
@@ -160,7 +161,7 @@ def test_a_run_starts_from_another_runs_parameters(trained_run, tmp_path, test_c
     assert f"init_from {source}/checkpoints step 40:\n  loaded        {arrays} arrays,      30,080 parameters: " \
            f"decoder ({arrays - 2}), position_embed (1), token_embed (1)\n" in out
     test_config.init_from = str(tmp_path / "gone")  # it no longer matters
-    assert train(test_config, str(workdir), devices=jax.devices()[:1]) == {"step": 1}
+    assert train(test_config, str(workdir), build_experiment, devices=jax.devices()[:1]) == {"step": 1}
     assert "init_from ignored: resuming from this run's own checkpoint at step 1" in capsys.readouterr().out
 
 
@@ -172,16 +173,15 @@ def test_a_head_of_another_shape_or_a_missing_source_stops_before_anything_is_wr
     test_config.model.vocab_multiple = 256  # the (tied) embedding: 256 rows, not 128
     with pytest.raises(UserError, match=r"init_from: token_embed/embedding is \(128, 32\) in .*/checkpoints "
                                         r"step 40 but \(256, 32\) in this model; .*init_from_rename='SUBTREE:'"):
-        train(test_config, str(workdir), devices=jax.devices()[:1])
+        train(test_config, str(workdir), build_experiment, devices=jax.devices()[:1])
     # With the source's embedding left out there is no error: this model's stays fresh.
     abstract = jax.eval_shape(lambda: {"token_embed": {"embedding": jnp.zeros((256, 32))}})
     plan = init_from.prepare(str(source), "token_embed:", abstract, None, test_config)
     assert plan.initialised == ["token_embed/embedding"]
     test_config.init_from = str(tmp_path / "nowhere")
     with pytest.raises(UserError, match=f"init_from={tmp_path}/nowhere: no such file or directory"):
-        train(test_config, str(workdir), devices=jax.devices()[:1])
-    # Nothing but the empty checkpoint folder Orbax made before init_from was checked.
-    assert sorted(p.relative_to(workdir).as_posix() for p in workdir.rglob("*")) == ["checkpoints"]
+        train(test_config, str(workdir), build_experiment, devices=jax.devices()[:1])
+    assert not workdir.exists()  # nor an empty checkpoints folder in it
 
 
 def test_a_checkpoint_or_step_folder_is_a_source_too(trained_run, test_config, monkeypatch):

@@ -41,9 +41,10 @@ def test_tpu_vm_script_runs_one_command_on_every_host(recorder):
     assert call[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "lm-pod"]
     assert "--worker=all" in call and "--zone=us-central2-b" in call
     remote = next(a for a in call if a.startswith("--command=")).removeprefix("--command=")
-    # The remote shell sees one lm.main command, with the space in the workdir kept.
+    # The remote shell sees one `lm train` command, with the space in the workdir kept.
     words = shlex.split(remote.split(">")[0].removeprefix("nohup "))
-    assert words[words.index("python3"):] == ["python3", "-m", "lm.main", "--config=configs/gpt_shakespeare.py:small",
+    assert words[words.index("python3"):] == ["python3", "-m", "lm", "train",
+                                             "--config=configs/gpt_shakespeare.py:small",
                                              "--workdir=runs/my run", "--config.train.checkpoint_dir=gs://b/run"]
     assert remote.rstrip().endswith("&") and "~/lm.log" in remote
 
@@ -52,7 +53,7 @@ def test_tpu_vm_script_runs_one_command_on_every_host(recorder):
     assert "git clone https://example.org/lm.git ~/lm" in calls[0][-1]
 
     result, calls = recorder("bash", "launch/tpu_vm.sh", "stop", **tpu)
-    assert "pkill -TERM -f 'python3 -m lm.main'" in calls[0][-1]  # SIGTERM: checkpoint, then exit
+    assert "pkill -TERM -f 'python3 -m lm train'" in calls[0][-1]  # SIGTERM: checkpoint, then exit
 
     result, calls = recorder("bash", "launch/tpu_vm.sh", "create", **tpu)
     assert result.returncode != 0 and "set ACCELERATOR_TYPE" in result.stderr and not calls
@@ -60,13 +61,13 @@ def test_tpu_vm_script_runs_one_command_on_every_host(recorder):
     assert result.returncode == 2 and "usage:" in result.stderr
 
 
-def test_slurm_script_runs_lm_main_in_every_task(recorder):
+def test_slurm_script_runs_lm_train_in_every_task(recorder):
     text = (REPO / "launch" / "slurm.sbatch").read_text()
     assert "#SBATCH --ntasks-per-node=8" in text and "#SBATCH --gpus-per-node=8" in text  # one task per GPU
     result, calls = recorder("bash", "launch/slurm.sbatch", "--config=configs/gpt_shakespeare.py:small",
                              "--workdir=/shared/runs/small")
     assert result.returncode == 0, result.stderr
-    assert calls == [["srun", "--kill-on-bad-exit=1", "python", "-m", "lm.main",
+    assert calls == [["srun", "--kill-on-bad-exit=1", "python", "-m", "lm", "train",
                       "--config=configs/gpt_shakespeare.py:small", "--workdir=/shared/runs/small"]]
 
 

@@ -47,8 +47,8 @@ def test_a_lock_file_removed_after_it_was_opened_is_told_apart(tmp_path):
 
 
 def training_process(workdir) -> subprocess.Popen:
-    """lm.main on the test config for (practically) ever, one CPU device, a log line per step."""
-    args = [sys.executable, "-m", "lm.main", CONFIG, f"--workdir={workdir}", "--config.train.num_steps=100000",
+    """`lm train` on the test config for (practically) ever, one CPU device, a log line per step."""
+    args = [sys.executable, "-m", "lm", "train", CONFIG, f"--workdir={workdir}", "--config.train.num_steps=100000",
             "--config.train.log_every=1", "--config.eval.every=100000", "--config.train.checkpoint_every=100000"]
     return subprocess.Popen(args, cwd=REPO, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
@@ -61,7 +61,7 @@ def test_a_second_run_on_the_workdir_stops_at_once_and_the_first_goes_on(tmp_pat
         if line.startswith("step      5 | loss"):
             break
     written = {p: p.stat().st_mtime_ns for p in workdir.glob("*.json")}  # config.json, tokenizer.json
-    second = run("lm.main", CONFIG, f"--workdir={workdir}", "--config.train.num_steps=3")
+    second = run("train", CONFIG, f"--workdir={workdir}", "--config.train.num_steps=3")
     assert_user_error(second, f"{workdir} is in use by another training run (host {socket.gethostname()}, "
                               f"pid {first.pid}, started ", "pass another --workdir")
     assert first.poll() is None  # still training
@@ -75,7 +75,7 @@ def test_a_second_run_on_the_workdir_stops_at_once_and_the_first_goes_on(tmp_pat
 
 
 def test_the_lock_of_a_killed_holder_does_not_block(tmp_path):
-    """A process holding the lock as lm.main does (test above) is SIGKILLed: the next one takes it."""
+    """A process holding the lock as `lm train` does (test above) is SIGKILLed: the next one takes it."""
     hold = "import pathlib, sys, time; from lm.train.lock import workdir_lock\n" \
            "with workdir_lock(pathlib.Path(sys.argv[1]), 0):\n    print('held', flush=True); time.sleep(600)"
     holder = subprocess.Popen([sys.executable, "-c", hold, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, text=True)

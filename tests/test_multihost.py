@@ -14,6 +14,7 @@ import pytest
 from conftest import REPO, subprocess_env
 
 from lm import distributed
+from lm.cli.resolve import build_experiment
 from lm.errors import UserError
 
 
@@ -37,7 +38,7 @@ def test_two_processes_match_one_stop_together_and_restore_on_other_meshes(tmp_p
     both agree (every log_every steps) on the step they save, then exit 128 + SIGTERM. That checkpoint
     continues in 1 process on another mesh exactly as the uninterrupted run."""
     from lm.train.loop import train
-    from lm.train.setup import load_experiment, restore_params
+    from lm.train.setup import restore_params
 
     multi = tmp_path / "multi"
     env = subprocess_env(devices=4, PYTHON=sys.executable, COORDINATOR=f"localhost:{free_port()}", NUM_NODES="2")
@@ -70,21 +71,21 @@ def test_two_processes_match_one_stop_together_and_restore_on_other_meshes(tmp_p
     test_config.eval.every = 100000
     test_config.mesh.update(data=4, fsdp=2)
     single = tmp_path / "single"
-    train(test_config, str(single), devices=jax.devices())
+    train(test_config, str(single), build_experiment, devices=jax.devices())
     single_losses, multi_losses = losses(single), losses(multi)
     assert sorted(multi_losses) == list(range(2, stop + 1, 2))
     np.testing.assert_allclose([multi_losses[s] for s in sorted(multi_losses)],
                                [single_losses[s] for s in sorted(multi_losses)], rtol=1e-5)
 
     # The 2-process checkpoint continues in 1 process on that mesh (the same compiled programs) ...
-    train(test_config, str(multi), devices=jax.devices())
+    train(test_config, str(multi), build_experiment, devices=jax.devices())
     resumed = losses(multi)
     after = (stop + 2, stop + 4)
     np.testing.assert_allclose([resumed[s] for s in after], [single_losses[s] for s in after], rtol=1e-4)
     # ... and its final parameters load on a single device, equal to the uninterrupted run's (up to
     # the summation order of the gradient reductions; Adam turns the noise on near-zero gradients
     # into updates, hence the absolute tolerance).
-    experiment = load_experiment(test_config)
+    experiment = build_experiment(test_config)
     for a, b in zip(jax.tree.leaves(restore_params(test_config, experiment, multi)),
                     jax.tree.leaves(restore_params(test_config, experiment, single)), strict=True):
         assert len(a.devices()) == 1

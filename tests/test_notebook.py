@@ -22,6 +22,6 @@ def test_colab_notebook_runs_in_smoke_mode(tmp_path, data_dir, monkeypatch):
     text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
     assert "cpu: 1 x cpu" in text  # the device probe
     assert "step      6 | loss" in text and "resumed from step 6" in text and "step     12 | loss" in text
-    assert "ROMEO:" in text  # lm.sample's output
+    assert "ROMEO:" in text  # `lm sample`'s output
     assert any("image/png" in o.get("data", {}) for o in outputs)  # the loss curves
     assert sorted(p.name for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()) == ["12", "9"]

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from lm.cli.resolve import build_experiment
 from lm.errors import UserError
 from lm.layers.attention import attention_implementation
 from lm.layers.transformer import SCANNED_NAME, MoeConfig, TransformerConfig, sown_per_layer, stack_layers
@@ -244,7 +245,7 @@ def test_gpt2_test_config_trains_in_bf16_and_keeps_float32_master_weights(tmp_pa
     config = get_config("test")
     config.train.update(num_steps=4, checkpoint_every=4)
     config.eval.every = 4
-    summary = train(config, str(tmp_path), devices=jax.devices()[:1])
+    summary = train(config, str(tmp_path), build_experiment, devices=jax.devices()[:1])
     assert summary["step"] == 4 and abs(summary["eval_loss"] - math.log(500)) < 0.1
     params = restore_params(config, build(config), tmp_path)
     assert {x.dtype for x in jax.tree.leaves(params)} == {jnp.dtype("float32")}

@@ -8,10 +8,11 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from lm import sharding
+from lm.cli.resolve import build_experiment
 from lm.errors import UserError
 from lm.layers.partitioning import constrain, take_rows
 from lm.train.optim import make_optimizer
-from lm.train.setup import abstract_state, load_experiment, state_builder
+from lm.train.setup import abstract_state, state_builder
 
 
 def test_mesh_shape_resolves_minus_one():
@@ -44,7 +45,7 @@ def test_batch_must_divide_the_data_axes():
 def test_parameters_are_sharded_by_the_logical_rules(data_dir, test_config):
     mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "expert": 1, "tensor": 2})
     rules = sharding.logical_rules(test_config.sharding_rules)
-    init = state_builder(load_experiment(test_config), make_optimizer(test_config.optimizer))
+    init = state_builder(build_experiment(test_config), make_optimizer(test_config.optimizer))
     shapes, shardings = abstract_state(init, jax.random.key(0), mesh, rules)
     params = shardings.params
     assert params["decoder"]["block_0"]["mlp"]["up"]["kernel"].spec == P("fsdp", "tensor")
@@ -61,7 +62,7 @@ def test_a_mesh_axis_that_does_not_divide_a_parameter_is_a_user_error(data_dir, 
     test_config.model.moe.num_experts = 4
     mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "expert": 8, "tensor": 1})
     rules = sharding.logical_rules(test_config.sharding_rules)
-    init = state_builder(load_experiment(test_config), make_optimizer(test_config.optimizer))
+    init = state_builder(build_experiment(test_config), make_optimizer(test_config.optimizer))
     with pytest.raises(UserError, match=r"a dimension of 4 cannot be split over mesh axes expert \(8 devices\)"):
         abstract_state(init, jax.random.key(0), mesh, rules)
 

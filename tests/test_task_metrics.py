@@ -45,6 +45,14 @@ def test_squad_scores_take_the_best_reference():
     assert tm.answer_f1("Paris", "Eiffel Tower in Paris") == pytest.approx(2 * 1 * 0.25 / 1.25)
 
 
+def test_an_unanswered_squad_question_scores_0_as_in_the_official_script():
+    """Three SQuAD dev questions have "." as a reference, which normalises to "": the empty answer matches
+    it exactly, but a question absent from the predictions scores 0 (evaluate-v1.1.py)."""
+    references = {"q1": ["."], "q2": ["1990"]}
+    assert tm.squad_scores({"q2": "1990"}, references) == {"exact_match": 0.5, "f1": 0.5}
+    assert tm.squad_scores({"q1": "", "q2": "1990"}, references) == {"exact_match": 1.0, "f1": 0.5}
+
+
 def test_spearman_with_ties_uses_average_ranks():
     predictions = np.array([1.0, 2.0, 2.0, 3.0])  # ranks 1, 2.5, 2.5, 4
     targets = np.array([1.0, 3.0, 2.0, 4.0])  # ranks 1, 3, 2, 4

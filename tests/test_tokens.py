@@ -8,6 +8,7 @@ import pytest
 from test_cli import assert_user_error, main_in_process
 
 from lm.cli import sample as sample_cli
+from lm.cli.resolve import build_experiment
 from lm.data import text, tokens
 from lm.errors import UserError
 
@@ -134,6 +135,19 @@ def test_build_checks_the_data_options(tmp_path, test_config, monkeypatch):
     assert not (tmp_path / "tokenizer.json").exists()
 
 
+def test_a_prompt_the_vocabulary_cannot_encode_is_refused_before_step_1(tmp_path, capsys, monkeypatch):
+    """A character vocabulary without a newline (the default sample.prompt): one line before training, not a
+    traceback at sampling after the last step."""
+    from test_cli import train_in_process
+
+    monkeypatch.setattr(text, "load_text", lambda name: "To be, or not to be: that is the question. " * 200)
+    result = train_in_process(capsys, tmp_path / "run")
+    assert_user_error(result, "sample.prompt='\\n'", "not in the vocabulary", "--config.sample.prompt=")
+    assert "step" not in result.stdout
+    result = train_in_process(capsys, tmp_path / "run", "--config.sample.prompt=To be", "--config.train.num_steps=2")
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
 @pytest.mark.parametrize("dataset", ["token_file", "synthetic"])
 def test_training_on_token_ids_and_sampling_refused(tmp_path, test_config, monkeypatch, capsys, dataset):
     import jax
@@ -148,7 +162,7 @@ def test_training_on_token_ids_and_sampling_refused(tmp_path, test_config, monke
                           token_dtype="uint16", vocab_size=65)  # the Shakespeare test model's shapes
     config.eval.context_lengths = (16,)
     workdir = tmp_path / "run"
-    summary = train(config, str(workdir), devices=jax.devices()[:1])
+    summary = train(config, str(workdir), build_experiment, devices=jax.devices()[:1])
     assert summary["step"] == 4 and math.isfinite(summary["eval_loss"])
     assert not (workdir / "tokenizer.json").exists() and (workdir / "config.json").is_file()
     results = json.loads((workdir / "results.json").read_text())

@@ -1,12 +1,15 @@
 """The trainer end to end on the real Tiny Shakespeare data, with the `test` config."""
 
 import json
+import types
 
 import jax
 import numpy as np
 import pytest
 
+from lm.cli.resolve import build_experiment
 from lm.train.compiled import CompiledPerShape
+from lm.train.flops import peak_flops_per_device
 from lm.train.loop import train
 from lm.train.setup import restore_params
 
@@ -29,40 +32,47 @@ def test_loss_falls_on_real_data(trained_run):
     assert 0 < summary["compile_seconds"] < summary["train_seconds"]
     assert list((workdir / "tensorboard").glob("events.out.tfevents.*"))
     record = json.loads((workdir / "metrics.jsonl").read_text().splitlines()[1])
-    assert {"loss", "learning_rate", "grad_norm", "tokens_per_second", "mfu"} <= set(record)
+    assert {"loss", "learning_rate", "grad_norm", "tokens_per_second"} <= set(record)
+
+
+def test_mfu_only_against_a_data_sheet_or_a_given_peak(tmp_path, data_dir, test_config, capsys):
+    """A CPU's peak is not known: its runs log and print no MFU (not a figure over a measured matmul);
+    train.peak_flops gives one."""
+    assert peak_flops_per_device(types.SimpleNamespace(device_kind="cpu")) is None
+    assert peak_flops_per_device(types.SimpleNamespace(device_kind="NVIDIA H100 80GB HBM3")) == 989e12
+    test_config.train.update(num_steps=2, log_every=1)
+    train(test_config, str(tmp_path / "cpu"), build_experiment, devices=jax.devices()[:1])
+    assert "MFU" not in capsys.readouterr().out and logged(tmp_path / "cpu", "mfu") == {}
+    test_config.train.peak_flops = 1e12
+    train(test_config, str(tmp_path / "given"), build_experiment, devices=jax.devices()[:1])
+    assert "MFU" in capsys.readouterr().out and logged(tmp_path / "given", "mfu").keys() == {1, 2}
 
 
 def test_resume_is_exact(tmp_path, data_dir, test_config):
     test_config.train.log_every = 1
     device = jax.devices()[:1]
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
-    train(test_config, str(straight), devices=device)
+    train(test_config, str(straight), build_experiment, devices=device)
     straight_config = test_config.copy_and_resolve_references()
     # The interrupted run keeps its checkpoints outside its workdir (a bucket or Drive, say).
     test_config.train.checkpoint_dir = str(tmp_path / "elsewhere")
     test_config.train.num_steps = 10  # stop half way (the schedule still ends at step 20) ...
     test_config.train.prefetch = 0  # (and load each batch in the loop, not ahead: the same batches)
-    train(test_config, str(interrupted), devices=device)
+    train(test_config, str(interrupted), build_experiment, devices=device)
     test_config.train.num_steps = 20  # ... and rerun the same command to finish
     test_config.train.prefetch = straight_config.train.prefetch
-    train(test_config, str(interrupted), devices=device)
+    train(test_config, str(interrupted), build_experiment, devices=device)
 
     assert straight_config.train.prefetch == 2  # the default: batches loaded ahead by a thread
     assert logged(straight) == logged(interrupted)  # the same batches, dropout keys and updates
     assert sorted(p.name for p in (tmp_path / "elsewhere").iterdir()) == ["10", "20"]
     assert not (interrupted / "checkpoints").exists()
     for a, b in zip(
-        jax.tree.leaves(restore_params(straight_config, _experiment(test_config), straight)),
-        jax.tree.leaves(restore_params(test_config, _experiment(test_config), interrupted)),
+        jax.tree.leaves(restore_params(straight_config, build_experiment(test_config), straight)),
+        jax.tree.leaves(restore_params(test_config, build_experiment(test_config), interrupted)),
         strict=True,
     ):
         np.testing.assert_array_equal(a, b)
-
-
-def _experiment(config):
-    from lm.train.setup import load_experiment
-
-    return load_experiment(config)
 
 
 @pytest.mark.slow
@@ -71,9 +81,9 @@ def test_sharded_8_device_mesh_matches_one_device(tmp_path, data_dir, test_confi
     test_config.train.num_steps = 10
     test_config.train.log_every = 1
     test_config.model.dropout = 0.1  # dropout masks must not depend on the layout either
-    train(test_config, str(tmp_path / "one"), devices=jax.devices()[:1])
+    train(test_config, str(tmp_path / "one"), build_experiment, devices=jax.devices()[:1])
     test_config.mesh.update(data=2, fsdp=2, tensor=2)
-    train(test_config, str(tmp_path / "mesh"), devices=jax.devices())
+    train(test_config, str(tmp_path / "mesh"), build_experiment, devices=jax.devices())
     one, mesh = logged(tmp_path / "one"), logged(tmp_path / "mesh")
     assert one.keys() == mesh.keys()
     np.testing.assert_allclose([mesh[s] for s in mesh], [one[s] for s in one], rtol=2e-5)
@@ -82,9 +92,9 @@ def test_sharded_8_device_mesh_matches_one_device(tmp_path, data_dir, test_confi
 def test_gradient_accumulation_matches_the_full_batch(tmp_path, data_dir, test_config):
     test_config.train.num_steps = 5
     test_config.train.log_every = 1
-    train(test_config, str(tmp_path / "full"), devices=jax.devices()[:1])
+    train(test_config, str(tmp_path / "full"), build_experiment, devices=jax.devices()[:1])
     test_config.train.grad_accum_steps = 4
-    train(test_config, str(tmp_path / "accum"), devices=jax.devices()[:1])
+    train(test_config, str(tmp_path / "accum"), build_experiment, devices=jax.devices()[:1])
     full, accum = logged(tmp_path / "full"), logged(tmp_path / "accum")
     np.testing.assert_allclose(list(accum.values()), list(full.values()), rtol=1e-5)
 
@@ -96,7 +106,7 @@ def test_mixture_of_experts_trains_sharded_over_experts_and_logs_routing(tmp_pat
     test_config.model.moe.update(num_experts=4, every=1, top_k=2, capacity_factor=1.0)
     test_config.train.update(num_steps=4, log_every=1)
     test_config.mesh.update(data=2, expert=4)
-    summary = train(test_config, str(tmp_path), devices=jax.devices())
+    summary = train(test_config, str(tmp_path), build_experiment, devices=jax.devices())
     # Two MoE blocks of 4 experts, 2 active per token: 2 x 2 idle experts, each a 32 -> 128 -> 32 MLP.
     expert_size = (32 * 128 + 128) + (128 * 32 + 32)
     assert summary["num_params"] - summary["active_params"] == 2 * 2 * expert_size
@@ -177,14 +187,14 @@ def test_diverging_run_stops_with_a_message_or_skips_and_never_saves_nonfinite(t
     test_config.train.update(num_steps=8, checkpoint_every=2, log_every=4)
     device = jax.devices()[:1]
     with pytest.raises(UserError, match=r"NaN/Inf at step [34] .*the checkpoint at step 2 is intact") as stop:
-        train(test_config, str(tmp_path / "stop"), devices=device)
+        train(test_config, str(tmp_path / "stop"), build_experiment, devices=device)
     first_nonfinite = int(str(stop.value).split("NaN/Inf at step ")[1].split()[0])
     assert sorted(p.name for p in (tmp_path / "stop" / "checkpoints").iterdir() if p.name.isdigit()) == ["2"]
 
     test_config.train.on_nonfinite = "skip"
-    summary = train(test_config, str(tmp_path / "skip"), devices=device)
+    summary = train(test_config, str(tmp_path / "skip"), build_experiment, devices=device)
     assert summary["skipped_steps"] == 9 - first_nonfinite and summary["step"] == 8
-    params = restore_params(test_config, _experiment(test_config), tmp_path / "skip")
+    params = restore_params(test_config, build_experiment(test_config), tmp_path / "skip")
     assert all(np.isfinite(np.asarray(leaf)).all() for leaf in jax.tree.leaves(params))
     assert logged(tmp_path / "skip", "nonfinite") == {4: (5 - first_nonfinite) / 4, 8: 1.0}
 
@@ -209,13 +219,13 @@ def test_ctrl_c_finishes_the_step_saves_and_the_rerun_resumes_exactly(tmp_path, 
 
     threading.Thread(target=interrupt_after_step_5, daemon=True).start()
     with pytest.raises(Stopped, match="SIGINT: saved a checkpoint at step") as stopped:
-        train(test_config, str(workdir), devices=jax.devices()[:1])
+        train(test_config, str(workdir), build_experiment, devices=jax.devices()[:1])
     saved = stopped.value.step
     assert saved >= 5 and [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()] == [saved]
     assert signal.getsignal(signal.SIGINT) is handler_before  # pytest's Ctrl-C works again
 
     test_config.train.num_steps = saved + 3
-    train(test_config, str(workdir), devices=jax.devices()[:1])
+    train(test_config, str(workdir), build_experiment, devices=jax.devices()[:1])
     straight = tmp_path / "straight"
-    train(test_config, str(straight), devices=jax.devices()[:1])
+    train(test_config, str(straight), build_experiment, devices=jax.devices()[:1])
     assert logged(workdir) == logged(straight)

@@ -8,6 +8,7 @@ import jax
 import pytest
 from conftest import keep_first_eval_pairs
 
+from lm.cli.resolve import build_experiment
 from lm.train.loop import train
 from lm.train.setup import build, restore_params
 
@@ -82,7 +83,7 @@ def test_an_experiment_evaluator_runs_at_its_steps_and_every_bucket_shape_compil
     config.data.max_train_pairs = 300
     config.train.update(num_steps=10, checkpoint_every=10)
     config.eval.update(every=5, bleu_every=10, beam_sizes=())
-    summary = train(config, str(tmp_path), devices=jax.devices()[:1])
+    summary = train(config, str(tmp_path), build_experiment, devices=jax.devices()[:1])
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "val_bleu" in r] == [0, 10]
     assert [r["step"] for r in records if "eval_loss" in r] == [0, 5, 10]
@@ -94,12 +95,12 @@ def test_an_experiment_evaluator_runs_at_its_steps_and_every_bucket_shape_compil
 
     config.train.num_steps = 12
     capsys.readouterr()
-    train(config, str(tmp_path), devices=jax.devices()[:1])
+    train(config, str(tmp_path), build_experiment, devices=jax.devices()[:1])
     out = capsys.readouterr().out
     assert "resumed from step 10" in out
     assert out.index("resumed from step 10") < out.index("compiled 3 programs in parallel") < out.index("step     12 |")
 
 
 def test_build_checks_before_anything_compiles(test_config):
-    setup = build(test_config, jax.devices()[:1])
+    setup = build(test_config, build_experiment, jax.devices()[:1])
     assert (setup.mesh.size, setup.experiment.units_per_example) == (1, test_config.data.context_length)

@@ -1,4 +1,4 @@
-"""lm.translate: translations and attention heat maps from a run folder alone, and its one-line errors."""
+"""`lm translate`: translations and attention heat maps from a run folder alone, and its one-line errors."""
 
 import subprocess
 import sys
@@ -14,9 +14,9 @@ from experiments.translation import Translation
 from lm import plots
 from lm.cli import parse_flags
 from lm.cli import translate as translate_cli
+from lm.cli.resolve import build_experiment, load_run
 from lm.data import translation
 from lm.errors import UserError
-from lm.runs import load_run
 
 SENTENCE = "Zwei Hunde spielen im Schnee."
 GERMAN = [SENTENCE, "Ein Mann fährt Fahrrad.", "Zwei Männer spielen Fußball im Park."]
@@ -25,9 +25,9 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def cli(*args: str) -> None:
-    """`python -m lm.translate args`, in this process (as app.run would: parse the flags, then main)."""
+    """`lm translate args`, in this process (as app.run would: parse the flags, then main)."""
     translate_cli.flags.FLAGS.unparse_flags()  # no flag value left over from an earlier call
-    translate_cli.main(parse_flags(["lm.translate", *args]))
+    translate_cli.main(parse_flags(["lm translate", *args]))
 
 
 def assert_one_line_error(capsys, excinfo, *fragments) -> str:
@@ -78,7 +78,7 @@ def rnn_run(tmp_path_factory, data_dir):
     workdir = tmp_path_factory.mktemp("mt_rnn")
     with pytest.MonkeyPatch.context() as patch:
         keep_first_eval_pairs(patch, 8)
-        train(config, str(workdir), devices=jax.devices()[:1])
+        train(config, str(workdir), build_experiment, devices=jax.devices()[:1])
     return workdir
 
 
@@ -88,14 +88,14 @@ def no_data(monkeypatch):
     monkeypatch.delenv("LM_DATA_DIR", raising=False)
 
     def refuse(*args):
-        raise AssertionError("lm.translate read the corpus")
+        raise AssertionError("lm translate read the corpus")
 
     monkeypatch.setattr(translation, "load_pairs", refuse)
 
 
 @pytest.mark.slow
 def test_cli_translates_from_the_run_folder(rnn_run, no_data, monkeypatch, capsys, tmp_path):
-    experiment, params = load_run(rnn_run, "translation")
+    experiment, params = load_run(rnn_run, "translate")
     calls = []  # the CLI gets this same loaded run (saves compiling each search twice)
     monkeypatch.setattr(translate_cli, "load_run", lambda *args: calls.append(args) or (experiment, params))
     sentences = [SENTENCE, "Ein Mann fährt Fahrrad."]
@@ -185,7 +185,7 @@ def test_bad_arguments_are_refused_before_loading(tmp_path, monkeypatch, capsys,
 
 
 def test_workdir_without_a_checkpoint(tmp_path, capsys):
-    """A run folder as lm.main leaves it before its first checkpoint: config.json and the tokenizers."""
+    """A run folder as `lm train` leaves it before its first checkpoint: config.json and the tokenizers."""
     from configs.translate_rnn import get_config
 
     workdir = tmp_path / "run"
@@ -200,7 +200,7 @@ def test_workdir_without_a_checkpoint(tmp_path, capsys):
 
 
 def test_workdir_without_a_run_as_a_command(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "lm.translate", f"--workdir={tmp_path}", SENTENCE], cwd=REPO,
+    result = subprocess.run([sys.executable, "-m", "lm", "translate", f"--workdir={tmp_path}", SENTENCE], cwd=REPO,
                             env=subprocess_env(LM_DATA_DIR=None, JAX_PLATFORMS="cpu"), capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 2, result.stderr[-2000:]

@@ -12,6 +12,7 @@ import pytest
 from conftest import shared_folder, train_sentencepiece_once
 
 from experiments.translation import Translation, build
+from lm.cli.resolve import build_experiment
 from lm.data import translation
 from lm.errors import UserError
 from lm.train.loop import mean_metrics, train
@@ -36,7 +37,7 @@ def test_translation_trains_and_scores_the_test_split(tmp_path, tmp_path_factory
     config = get_config(config_name)
     config.data.update(overrides)
     config.eval.beam_sizes = beam_sizes  # one decoding of the 1000 test sentences each
-    summary = train(config, str(tmp_path), devices=jax.devices()[:1])
+    summary = train(config, str(tmp_path), build_experiment, devices=jax.devices()[:1])
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     eval_loss = {r["step"]: r["eval_loss"] for r in records if "eval_loss" in r}
     source, target = translation.load_tokenizers(tmp_path)  # saved with the run: translating needs no data
@@ -56,7 +57,7 @@ def test_translation_trains_and_scores_the_test_split(tmp_path, tmp_path_factory
         assert len(lines) == 1000  # one per test sentence, in order
     # A rerun of the finished run does nothing (it reads no data), and keeps the results.
     monkeypatch.setattr(translation, "load_pairs", lambda *args: pytest.fail("the finished run read the corpus"))
-    assert train(config, str(tmp_path), devices=jax.devices()[:1]) == {"step": config.train.num_steps}
+    assert train(config, str(tmp_path), build_experiment, devices=jax.devices()[:1]) == {"step": config.train.num_steps}
     assert json.loads((tmp_path / "results.json").read_text()) == results
 
 

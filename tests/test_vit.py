@@ -10,6 +10,7 @@ import numpy as np
 import optax
 import pytest
 
+from lm.cli.resolve import build_experiment
 from lm.data import images as cifar
 from lm.errors import UserError
 from lm.layers.transformer import MoeConfig, TransformerConfig
@@ -289,7 +290,7 @@ def test_trainer_end_to_end(tmp_path, data_dir):
     from configs.vit_cifar10 import get_config
     from lm.train.loop import train
 
-    summary = train(get_config("test"), str(tmp_path), devices=jax.devices()[:1])
+    summary = train(get_config("test"), str(tmp_path), build_experiment, devices=jax.devices()[:1])
     results = json.loads((tmp_path / "results.json").read_text())
     assert 0.0 <= results["test_accuracy"] <= 1.0
     assert results["test_accuracy"] > 0.12  # above chance after 10 steps

@@ -21,11 +21,10 @@ import ml_collections
 import numpy as np
 from absl import app, flags
 
-from lm.cli import run_user_errors
 from lm.data import masked_lm
 from lm.data.tasks import sst2
 from lm.data.wordpiece import WordPieceTokenizer
-from lm.errors import UserError
+from lm.errors import UserError, run_user_errors
 from lm.train.init_from import CheckpointSource
 
 _RUN = flags.DEFINE_string("run", "runs/bert_mini", "A bert.py run folder (its config, tokenizer, checkpoints).")
@@ -93,7 +92,7 @@ def report() -> None:
     config = json.loads(config_file.read_text()) if config_file.is_file() else {}
     if config.get("experiment") != "masked_lm":
         raise UserError(f"--run={run} is not a bert.py run folder (its config.json with experiment masked_lm); "
-                        "pretrain one first: python -m lm.main --config=configs/bert.py:mini --workdir=runs/bert_mini")
+                        "pretrain one first: lm train --config=configs/bert.py:mini --workdir=runs/bert_mini")
     config = ml_collections.ConfigDict(config)
     tokenizer = WordPieceTokenizer.load(run / "tokenizer")
     corpus = [paragraph for name in config.data.corpus for document in masked_lm.read_documents(name)

@@ -2,16 +2,15 @@
 from the pretrained encoder and from random initialisation, 3 seeds each, the same budget
 (configs/bert_finetune.py:squad); docs/bert.md#pretrained-vs-scratch.
 
-  python -m lm.main --config=configs/bert.py:mini --workdir=runs/bert_mini   # the pretrained encoder, first
-  python -m lm.sweep --sweep_file=experiments/sweeps/bert_squad.py --workdir=runs/bert_squad
-  python -m lm.compare runs/bert_squad --group_by=init_from
+  lm train --config=configs/bert.py:mini --workdir=runs/bert_mini   # the pretrained encoder, first
+  lm sweep --sweep_file=experiments/sweeps/bert_squad.py --workdir=runs/bert_squad
+  lm compare runs/bert_squad --group_by=init_from
 
 2 arms x 3 seeds = 6 runs; init_from="" is the from-scratch arm. Run from the repository root (init_from
 is a relative path). On an accelerator add --config.model.compute_dtype=bfloat16.
 """
 
-CONFIG = "configs/bert_finetune.py:squad"
-AXES = {
-    "init_from": ["runs/bert_mini", ""],
-    "seed": [0, 1, 2],
-}
+from experiments.sweeps import bert_budget as budget
+
+CONFIG = budget.config("squad")
+AXES = budget.pretrained_vs_scratch(budget.PRETRAINED)

@@ -5,23 +5,13 @@ from the finished pretraining (step 2000) and from random initialisation, 3 seed
 epoch), so the six runs fit a 2-core machine; docs/bert.md#pretrained-vs-scratch has the figures. The dev set is
 scored once, after the last step (eval.every=0: its 24,161 windows cost ~3.5 min of a CPU core a pass).
 
-  python -m lm.main --config=configs/bert.py:mini --workdir=runs/bert_mini   # the encoder first
-  python -m lm.sweep --sweep_file=experiments/sweeps/bert_squad_cpu.py --workdir=runs/bert_squad_cpu
-  python -m lm.compare runs/bert_squad_cpu --group_by=init_from
+  lm train --config=configs/bert.py:mini --workdir=runs/bert_mini   # the encoder first
+  lm sweep --sweep_file=experiments/sweeps/bert_squad_cpu.py --workdir=runs/bert_squad_cpu
+  lm compare runs/bert_squad_cpu --group_by=init_from
 """
 
-CONFIG = "configs/bert_finetune.py:squad"
-AXES = {
-    "init_from": ["runs/bert_mini/checkpoints/2000", ""],
-    "seed": [0, 1, 2],
-}
-OVERRIDES = {
-    "data.max_seq_len": 128,
-    "data.max_query_length": 32,
-    "data.doc_stride": 64,
-    "train.num_steps": 400,
-    "optimizer.decay_steps": 400,
-    "optimizer.warmup_steps": 40,
-    "eval.every": 0,
-    "train.checkpoint_every": 400,
-}
+from experiments.sweeps import bert_budget as budget
+
+CONFIG = budget.config("squad")
+AXES = budget.pretrained_vs_scratch(budget.FINISHED)
+OVERRIDES = budget.cpu_budget(400, max_seq_len=128, max_query_length=32, doc_stride=64, evals=0)

@@ -3,14 +3,14 @@ from the finished pretraining (step 2000) without its pooler, which next-sentenc
 starts fresh, as the classifier does (init_from_rename leaves it out of what is loaded). 3 seeds; the figures are in
 docs/bert.md#pretrained-vs-scratch.
 
-  python -m lm.sweep --sweep_file=experiments/sweeps/bert_sst2_cpu_fresh_pooler.py \
+  lm sweep --sweep_file=experiments/sweeps/bert_sst2_cpu_fresh_pooler.py \
       --workdir=runs/bert_sst2_cpu_fresh_pooler
-  python -m lm.compare runs/bert_sst2_cpu runs/bert_sst2_cpu_fresh_pooler --group_by=init_from,init_from_rename
+  lm compare runs/bert_sst2_cpu runs/bert_sst2_cpu_fresh_pooler --group_by=init_from,init_from_rename
 """
 
+from experiments.sweeps import bert_budget as budget
 from experiments.sweeps import bert_sst2_cpu
 
 CONFIG = bert_sst2_cpu.CONFIG
-AXES = {"seed": [0, 1, 2]}
-OVERRIDES = {**bert_sst2_cpu.OVERRIDES, "init_from": "runs/bert_mini/checkpoints/2000",
-             "init_from_rename": "bert/pooler:"}
+AXES = {"seed": list(budget.SEEDS)}
+OVERRIDES = {**bert_sst2_cpu.OVERRIDES, "init_from": budget.FINISHED, "init_from_rename": "bert/pooler:"}

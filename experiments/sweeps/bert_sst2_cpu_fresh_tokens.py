@@ -6,15 +6,16 @@ holds 100 times or more, 0.00 at initialisation: python -m experiments.analysis.
 leaves the table out of what is loaded, so it starts random, as the scratch arm's does. 3 seeds; the figures are in
 docs/bert.md#pretrained-vs-scratch.
 
-  python -m lm.sweep --sweep_file=experiments/sweeps/bert_sst2_cpu_fresh_tokens.py \
+  lm sweep --sweep_file=experiments/sweeps/bert_sst2_cpu_fresh_tokens.py \
       --workdir=runs/bert_sst2_cpu_fresh_tokens
-  python -m lm.compare runs/bert_sst2_cpu_lr runs/bert_sst2_cpu_fresh_tokens \
+  lm compare runs/bert_sst2_cpu_lr runs/bert_sst2_cpu_fresh_tokens \
       --group_by=init_from,init_from_rename,optimizer.learning_rate
 """
 
+from experiments.sweeps import bert_budget as budget
 from experiments.sweeps import bert_sst2_cpu_lr_best
 
 CONFIG = bert_sst2_cpu_lr_best.CONFIG
-AXES = {"seed": [0, 1, 2]}
-OVERRIDES = {**bert_sst2_cpu_lr_best.OVERRIDES, "init_from": "runs/bert_mini/checkpoints/2000",
+AXES = {"seed": list(budget.SEEDS)}
+OVERRIDES = {**bert_sst2_cpu_lr_best.OVERRIDES, "init_from": budget.FINISHED,
              "init_from_rename": "bert/embeddings/token_embed:", "optimizer.learning_rate": 3e-4}

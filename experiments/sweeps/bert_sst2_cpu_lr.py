@@ -4,15 +4,16 @@ to see whether the pretrained arm's deficit is one of learning rate (BERT-Mini's
 of a search over 3e-5 to 3e-4); bert_sst2_cpu_lr_best.py runs the best with 3 seeds. The figures are in
 docs/bert.md#pretrained-vs-scratch.
 
-  python -m lm.sweep --sweep_file=experiments/sweeps/bert_sst2_cpu_lr.py --workdir=runs/bert_sst2_cpu_lr
-  python -m lm.compare runs/bert_sst2_cpu runs/bert_sst2_cpu_lr --group_by=init_from,optimizer.learning_rate
+  lm sweep --sweep_file=experiments/sweeps/bert_sst2_cpu_lr.py --workdir=runs/bert_sst2_cpu_lr
+  lm compare runs/bert_sst2_cpu runs/bert_sst2_cpu_lr --group_by=init_from,optimizer.learning_rate
 """
 
+from experiments.sweeps import bert_budget as budget
 from experiments.sweeps import bert_sst2_cpu
 
 CONFIG = bert_sst2_cpu.CONFIG
 AXES = {
-    "init_from": ["runs/bert_mini/checkpoints/2000", ""],
+    "init_from": [budget.FINISHED, budget.SCRATCH],
     "optimizer.learning_rate": [1e-3, 3e-4, 3e-5],
     "seed": [0],
 }

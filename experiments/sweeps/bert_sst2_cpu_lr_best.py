@@ -3,12 +3,13 @@
 at each arm's best learning rate. Run into the same folder as the search, whose seed-0 arms it reuses; the figures
 are in docs/bert.md#pretrained-vs-scratch.
 
-  python -m lm.sweep --sweep_file=experiments/sweeps/bert_sst2_cpu_lr_best.py --workdir=runs/bert_sst2_cpu_lr
-  python -m lm.compare runs/bert_sst2_cpu runs/bert_sst2_cpu_lr --group_by=init_from,optimizer.learning_rate
+  lm sweep --sweep_file=experiments/sweeps/bert_sst2_cpu_lr_best.py --workdir=runs/bert_sst2_cpu_lr
+  lm compare runs/bert_sst2_cpu runs/bert_sst2_cpu_lr --group_by=init_from,optimizer.learning_rate
 """
 
+from experiments.sweeps import bert_budget as budget
 from experiments.sweeps import bert_sst2_cpu_lr
 
 CONFIG = bert_sst2_cpu_lr.CONFIG
-AXES = {**bert_sst2_cpu_lr.AXES, "optimizer.learning_rate": [3e-4], "seed": [0, 1, 2]}
+AXES = {**bert_sst2_cpu_lr.AXES, "optimizer.learning_rate": [3e-4], "seed": list(budget.SEEDS)}
 OVERRIDES = bert_sst2_cpu_lr.OVERRIDES

@@ -2,14 +2,15 @@
 study's budget and learning rate (experiments/sweeps/bert_stsb_cpu.py, 1e-4): the finished encoder (step 2000)
 with its token table left out of what is loaded. 3 seeds; the figures are in docs/bert.md#pretrained-vs-scratch.
 
-  python -m lm.sweep --sweep_file=experiments/sweeps/bert_stsb_cpu_fresh_tokens.py \
+  lm sweep --sweep_file=experiments/sweeps/bert_stsb_cpu_fresh_tokens.py \
       --workdir=runs/bert_stsb_cpu_fresh_tokens --parallel=2
-  python -m lm.compare runs/bert_stsb_cpu runs/bert_stsb_cpu_fresh_tokens --group_by=init_from,init_from_rename
+  lm compare runs/bert_stsb_cpu runs/bert_stsb_cpu_fresh_tokens --group_by=init_from,init_from_rename
 """
 
+from experiments.sweeps import bert_budget as budget
 from experiments.sweeps import bert_stsb_cpu
 
 CONFIG = bert_stsb_cpu.CONFIG
-AXES = {"seed": [0, 1, 2]}
-OVERRIDES = {**bert_stsb_cpu.OVERRIDES, "init_from": "runs/bert_mini/checkpoints/2000",
+AXES = {"seed": list(budget.SEEDS)}
+OVERRIDES = {**bert_stsb_cpu.OVERRIDES, "init_from": budget.FINISHED,
              "init_from_rename": "bert/embeddings/token_embed:"}

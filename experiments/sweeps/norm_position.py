@@ -1,7 +1,7 @@
 """Pre-norm vs post-norm, with and without learning-rate warmup, 8 layers deep (the baby model otherwise).
 
-  python -m lm.sweep --sweep_file=experiments/sweeps/norm_position.py --workdir=runs/norm_position
-  python -m lm.compare runs/norm_position
+  lm sweep --sweep_file=experiments/sweeps/norm_position.py --workdir=runs/norm_position
+  lm compare runs/norm_position
 
 The literature says post-norm needs warmup and pre-norm trains without it: 2 x 2 arms x 3 seeds = 12
 runs of 2000 steps (warmup 100 steps, or none: the learning rate starts at its 1e-3 peak).

@@ -1,7 +1,7 @@
 """Sinusoidal positions with the token embeddings scaled by sqrt(D), next to the positions sweep.
 
-  python -m lm.sweep --sweep_file=experiments/sweeps/sinusoidal_scaled.py --workdir=runs/sinusoidal_scaled
-  python -m lm.compare runs/positions runs/sinusoidal_scaled
+  lm sweep --sweep_file=experiments/sweeps/sinusoidal_scaled.py --workdir=runs/sinusoidal_scaled
+  lm compare runs/positions runs/sinusoidal_scaled
 
 The baby GPT's token embeddings start at N(0, 0.02) while the sinusoidal table has amplitude 1, so
 unscaled, the position signal swamps the tokens. Vaswani et al. (3.4) multiply the embeddings by

@@ -1,14 +1,45 @@
-"""The command-line entry points (train, sample, translate, sweep, compare: `python -m lm.cli.<name>`, or
-the shorter `python -m lm.main`, `lm.sample`, ...) and their shared plumbing: one-line errors, non-zero exits."""
+"""The `lm` command: `lm <command> [flags]`, or `python -m lm <command> [flags]`, runs
+lm/cli/<command>.py; `lm --help` lists the commands, `lm <command> --help` a command's flags. Also the
+plumbing the commands share: flag parsing with bad config overrides reported on one line (exit 2)."""
 
+import ast
+import importlib
+import os
+import pathlib
 import sys
-from collections.abc import Callable
 
 from absl import flags
 
-from lm.errors import UserError
+from lm.errors import EXIT_USER_ERROR, fail
 
-EXIT_USER_ERROR = 2
+COMMANDS = ("train", "sample", "eval", "export", "prepare", "sweep", "compare", "translate")  # lm/cli/<command>.py
+
+
+def summary(command: str) -> str:
+    """The first line of lm/cli/<command>.py's docstring, read without importing the module."""
+    path = pathlib.Path(__file__).with_name(f"{command}.py")
+    return ast.get_docstring(ast.parse(path.read_text())).splitlines()[0].removesuffix(".")
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = [f"  {name:<{width}}  {summary(name)}" for name in COMMANDS]
+    return "\n".join(["usage: lm <command> [flags]   (lm <command> --help lists its flags)", "", "commands:", *lines])
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Runs the command argv[1] names with the flags after it (argv: default sys.argv)."""
+    argv = sys.argv if argv is None else argv
+    if len(argv) < 2 or argv[1] in ("-h", "--help", "help"):
+        print(usage())
+        sys.exit(0 if len(argv) >= 2 else EXIT_USER_ERROR)
+    command = argv[1]
+    if command not in COMMANDS:
+        fail(f"unknown command {command!r}: use one of {', '.join(COMMANDS)} (lm --help says what each does)")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m lm` does: configs and experiments of the folder run in
+    sys.argv = [f"lm {command}", *argv[2:]]
+    importlib.import_module(f"lm.cli.{command}").run()
 
 
 def define_string_once(name: str, help_text: str, required: bool = False) -> flags.FlagHolder:
@@ -27,11 +58,6 @@ def define_workdir(help_text: str) -> flags.FlagHolder:
     return define_string_once("workdir", help_text, required=True)
 
 
-def fail(message: str) -> None:
-    print(f"error: {' '.join(message.split())}", file=sys.stderr)
-    sys.exit(EXIT_USER_ERROR)
-
-
 def parse_flags(argv: list[str]) -> list[str]:
     """absl flag parsing, with bad config overrides reported on one line instead of a traceback."""
     try:
@@ -43,11 +69,3 @@ def parse_flags(argv: list[str]) -> list[str]:
         detail = str(e).replace("\\n", " ").replace("\\'", "'").strip("'\"")
         overrides = [a for a in argv[1:] if a.startswith("--config.")]
         fail(f"bad config override ({' '.join(overrides) or 'none'}): {detail}")
-
-
-def run_user_errors(fn: Callable[[], object]) -> None:
-    """Runs fn; a UserError becomes 'error: <message>' on stderr and exit code 2."""
-    try:
-        fn()
-    except UserError as e:
-        fail(str(e))

@@ -1,10 +1,10 @@
 """Compare training runs side by side: a table over seeds, a Markdown report and loss-curve plots.
 
-  python -m lm.compare runs/norm [more directories] [--group_by=model.norm_position] [--out=runs/norm]
+  lm compare runs/norm [more directories] [--group_by=model.norm_position] [--out=runs/norm]
       [--spike=1.0] [--plot=eval_mlm_accuracy,eval_nsp_accuracy]
 
 Reads every run folder under the directories (any folder with config.json and metrics.jsonl written by
-lm.main: sweep arms, or runs copied in from elsewhere). A key missing from a run's config (a run made
+lm train: sweep arms, or runs copied in from elsewhere). A key missing from a run's config (a run made
 before the key existed) reads as None. Runs whose configs differ only by `seed` form a
 group (or, with --group_by=a,b, runs with the same values of those keys). Per group it prints n (seeds),
 final and best val loss (last and lowest eval_loss) as mean ± sample std over seeds, the same for every
@@ -30,8 +30,8 @@ import pathlib
 import numpy as np
 from absl import app, flags
 
-from lm.cli import define_string_once, parse_flags, run_user_errors
-from lm.errors import UserError
+from lm.cli import define_string_once, parse_flags
+from lm.errors import UserError, run_user_errors
 from lm.runs import CONFIG_FILE, METRICS_FILE, RESULTS_FILE, SUMMARY_FILE
 
 SPIKE_NATS = 1.0  # the default --spike
@@ -88,7 +88,7 @@ def find_runs(root: pathlib.Path) -> list[Run]:
         raise UserError(f"{root} is not a directory")
     folders = sorted(p.parent for p in root.rglob(CONFIG_FILE) if (p.parent / METRICS_FILE).is_file())
     if not folders:
-        raise UserError(f"no runs under {root}: a run folder holds config.json and metrics.jsonl (from lm.main)")
+        raise UserError(f"no runs under {root}: a run folder holds config.json and metrics.jsonl (from lm train)")
     return [read_run(folder) for folder in folders]
 
 
@@ -245,14 +245,10 @@ def compare(roots: str | list[str], out: str | None = None, group_by: list[str] 
 
 def main(argv: list[str]) -> None:
     if len(argv) < 2:
-        raise app.UsageError("pass one or more directories of runs: python -m lm.compare runs/norm")
+        raise app.UsageError("pass one or more directories of runs: lm compare runs/norm")
     run_user_errors(lambda: compare(argv[1:], _OUT.value, _GROUP_BY.value, _SPIKE.value, _PLOT.value))
 
 
 def run() -> None:
-    """The command: flags from sys.argv, then main (also what `python -m lm.compare` runs)."""
+    """The command: flags from sys.argv, then main."""
     app.run(main, flags_parser=parse_flags)
-
-
-if __name__ == "__main__":
-    run()

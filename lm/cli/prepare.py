@@ -1,8 +1,8 @@
 """Tokenize text files for a GPT: token files (nanoGPT's train.bin / val.bin) and the tokenizer.
 
-  python -m lm.cli.prepare --text=input.txt [--text=more.txt ...] --tokenizer=bpe --vocab_size=2048 \
+  lm prepare --text=input.txt [--text=more.txt ...] --tokenizer=bpe --vocab_size=2048 \
       --out=/data/shakespeare_bpe [--val_fraction=0.1]
-  python -m lm.cli.prepare --text='books/*.txt' --tokenizer=gpt2 --out=/data/books_gpt2
+  lm prepare --text='books/*.txt' --tokenizer=gpt2 --out=/data/books_gpt2
 
 --tokenizer=bpe trains a byte-level BPE of --vocab_size ids on the texts; --tokenizer=gpt2 is GPT-2's own
 (50,257 ids, from $LM_DATA_DIR/vocab). The files are read as UTF-8 (a --text with * or ? is a glob) and
@@ -13,8 +13,8 @@ validation split. It writes into --out:
   tokenizer.json      the tokenizer (Hugging Face's format; lm.data.bpe.BPETokenizer.load reads it)
   meta.json           tokenizer, vocab_size, token_dtype, train_tokens, val_tokens, texts
 
-and prints the lm.main command that trains configs/gpt2.py on them (data.tokenizer makes the tokenizer
-part of the run, so that `python -m lm.sample --workdir=RUN --prompt=...` prints text).
+and prints the lm train command that trains configs/gpt2.py on them (data.tokenizer makes the tokenizer
+part of the run, so that `lm sample --workdir=RUN --prompt=...` prints text).
 """
 
 import glob
@@ -24,10 +24,10 @@ import pathlib
 import numpy as np
 from absl import app, flags
 
-from lm.cli import define_string_once, parse_flags, run_user_errors
+from lm.cli import define_string_once, parse_flags
 from lm.data.bpe import BPETokenizer
 from lm.data.tokens import TOKEN_DTYPES
-from lm.errors import UserError
+from lm.errors import UserError, run_user_errors
 
 TOKENIZERS = ("bpe", "gpt2")
 META_FILE = "meta.json"
@@ -118,8 +118,8 @@ def prepare(patterns: list[str], tokenizer_name: str, vocab_size: int | None, ou
 
 
 def train_command(folder: pathlib.Path, meta: dict) -> str:
-    """The lm.main command that trains the small BPE GPT of configs/gpt2.py on a prepared folder."""
-    return (f"python -m lm.main --config=configs/gpt2.py:bpe_small --workdir=runs/{folder.name} "
+    """The lm train command that trains the small BPE GPT of configs/gpt2.py on a prepared folder."""
+    return (f"lm train --config=configs/gpt2.py:bpe_small --workdir=runs/{folder.name} "
             f"--config.data.train_file={folder / 'train.bin'} --config.data.val_file={folder / 'val.bin'} "
             f"--config.data.tokenizer={folder / TOKENIZER_FILE} --config.data.vocab_size={meta['vocab_size']} "
             f"--config.data.token_dtype={meta['token_dtype']}")
@@ -140,9 +140,5 @@ def main(argv: list[str]) -> None:
 
 
 def run() -> None:
-    """The command: flags from sys.argv, then main (also what `python -m lm.prepare` runs)."""
+    """The command: flags from sys.argv, then main."""
     app.run(main, flags_parser=parse_flags)
-
-
-if __name__ == "__main__":
-    run()

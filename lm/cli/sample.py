@@ -1,6 +1,6 @@
 """Generate text from the latest checkpoint of a language-model run.
 
-  python -m lm.sample --workdir=runs/baby --prompt="ROMEO:" --max_new_tokens=300 \
+  lm sample --workdir=runs/baby --prompt="ROMEO:" --max_new_tokens=300 \
       --temperature=0.8 --top_k=40 [--top_p=0.95]
 """
 
@@ -8,11 +8,11 @@ import pathlib
 
 from absl import app, flags, logging
 
-from lm.cli import define_workdir, parse_flags, run_user_errors
-from lm.errors import UserError
-from lm.runs import load_run
+from lm.cli import define_workdir, parse_flags
+from lm.cli.resolve import load_run
+from lm.errors import UserError, run_user_errors
 
-_WORKDIR = define_workdir("A run folder written by lm.main.")
+_WORKDIR = define_workdir("A run folder written by lm train.")
 _PROMPT = flags.DEFINE_string("prompt", "\n", "Text to continue.")
 _MAX_NEW_TOKENS = flags.DEFINE_integer("max_new_tokens", 300, "How many tokens to generate.")
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.8, "Softmax temperature; 0 is greedy.")
@@ -31,13 +31,7 @@ def main(argv: list[str]) -> None:
     def sample():
         if not 0 < _TOP_P.value <= 1:
             raise UserError(f"--top_p={_TOP_P.value}: use a probability in (0, 1]")
-        experiment, params = load_run(pathlib.Path(_WORKDIR.value), "language_model")
-        try:
-            prompt_ids = experiment.tokenizer.encode(_PROMPT.value)
-        except ValueError as e:
-            raise UserError(f"--prompt: {e}") from e
-        if len(prompt_ids) == 0:
-            raise UserError("--prompt is empty: give at least one character to continue (the default is a newline)")
+        experiment, params = load_run(pathlib.Path(_WORKDIR.value), "sample")
         for i in range(_NUM_SAMPLES.value):
             text = experiment.sample(
                 params, _PROMPT.value, _MAX_NEW_TOKENS.value, _TEMPERATURE.value, _TOP_K.value,
@@ -49,9 +43,5 @@ def main(argv: list[str]) -> None:
 
 
 def run() -> None:
-    """The command: flags from sys.argv, then main (also what `python -m lm.sample` runs)."""
+    """The command: flags from sys.argv, then main."""
     app.run(main, flags_parser=parse_flags)
-
-
-if __name__ == "__main__":
-    run()

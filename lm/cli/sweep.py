@@ -1,18 +1,18 @@
-"""Run a grid of training runs (a sweep): every combination of the --sweep axes, one lm.main run each.
+"""Run a grid of training runs (a sweep): every combination of the --sweep axes, one `lm train` run each.
 
-  python -m lm.sweep --config=configs/gpt_shakespeare.py:baby --sweep=model.norm_position=pre,post \
+  lm sweep --config=configs/gpt_shakespeare.py:baby --sweep=model.norm_position=pre,post \
       --sweep=seed=0,1,2 --workdir=runs/norm [--parallel=1] [--config.train.num_steps=500 ...]
-  python -m lm.sweep --sweep_file=experiments/sweeps/norm_position.py --workdir=runs/norm
+  lm sweep --sweep_file=experiments/sweeps/norm_position.py --workdir=runs/norm
 
 Each arm trains in <workdir>/<arm name> (e.g. runs/norm/model.norm_position=pre,seed=0) through its own
-`python -m lm.main` process, --parallel at a time; a crashed arm does not stop the others (its output is
+`lm train` process, --parallel at a time; a crashed arm does not stop the others (its output is
 in <arm>/train.log). --config.key=value overrides apply to every arm. A sweep file is a Python module
 with CONFIG (the config spec), AXES ({key: [values]}) and optionally OVERRIDES ({key: value}).
 
 Every arm's overrides are checked against the config before any arm starts. Rerunning the same command
 skips finished arms (results.json at train.num_steps) and resumes interrupted ones from their latest
 checkpoint. <workdir>/sweep.json records the config, axes, overrides and each arm's workdir and status;
-lm.main writes each arm's resolved config to <arm>/config.json. Compare the arms with lm.compare.
+lm train writes each arm's resolved config to <arm>/config.json. Compare the arms with lm compare.
 """
 
 import concurrent.futures
@@ -29,14 +29,14 @@ import threading
 
 from absl import app, flags
 
-from lm.cli import define_workdir, parse_flags, run_user_errors
-from lm.errors import UserError
-from lm.overrides import format_value, parse_axis, parse_value, resolve_config, split_config_overrides
+from lm.cli import define_workdir, parse_flags
+from lm.cli.overrides import format_value, parse_axis, parse_value, resolve_config, split_config_overrides
+from lm.errors import UserError, run_user_errors
 from lm.runs import RESULTS_FILE
 
 SWEEP_FILE = "sweep.json"
-LOG_FILE = "train.log"  # an arm's lm.main output
-STOPPED_EXIT_CODES = (128 + signal.SIGTERM, 128 + signal.SIGINT)  # lm.main saved a checkpoint, then stopped
+LOG_FILE = "train.log"  # an arm's lm train output
+STOPPED_EXIT_CODES = (128 + signal.SIGTERM, 128 + signal.SIGINT)  # lm train saved a checkpoint, then stopped
 
 _CONFIG = flags.DEFINE_string("config", None, "Config file and variant, e.g. configs/gpt_shakespeare.py:baby")
 _SWEEP = flags.DEFINE_multi_string("sweep", [], "An axis: key=value1,value2,... (repeat for a grid).")
@@ -117,10 +117,10 @@ def is_finished(arm: Arm) -> bool:
 
 
 def run_arm(spec: str, overrides: dict[str, str], workdir: pathlib.Path) -> int:
-    """Trains (or resumes) one arm in a `python -m lm.main` subprocess, output appended to
+    """Trains (or resumes) one arm in a `lm train` subprocess, output appended to
     workdir/train.log; returns its exit code."""
     workdir.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "lm.main", f"--config={spec}", f"--workdir={workdir}",
+    command = [sys.executable, "-m", "lm", "train", f"--config={spec}", f"--workdir={workdir}",
                *(f"--config.{k}={v}" for k, v in overrides.items())]
     with (workdir / LOG_FILE).open("a") as log:
         log.write(f"$ {' '.join(command)}\n")
@@ -219,9 +219,5 @@ def main(argv: list[str]) -> None:
 
 
 def run() -> None:
-    """The command: flags from sys.argv, then main (also what `python -m lm.sweep` runs)."""
+    """The command: flags from sys.argv, then main."""
     app.run(main, flags_parser=parse_sweep_flags)
-
-
-if __name__ == "__main__":
-    run()

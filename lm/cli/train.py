@@ -1,6 +1,6 @@
 """Train an experiment from a config.
 
-  python -m lm.main --config=configs/gpt_shakespeare.py:baby --workdir=runs/baby \
+  lm train --config=configs/gpt_shakespeare.py:baby --workdir=runs/baby \
       [--config.model.norm_position=post ...]
 
 Rerunning the same command resumes from the latest checkpoint in --workdir (and compiles again, unless
@@ -22,8 +22,9 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from lm.cli import define_workdir, parse_flags, run_user_errors
+from lm.cli import define_workdir, parse_flags
 from lm.cpu import keep_freed_memory
+from lm.errors import run_user_errors
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file and variant, e.g. configs/gpt_shakespeare.py:baby", lock_config=True
@@ -50,14 +51,17 @@ def main(argv: list[str]) -> None:
     keep_freed_memory()
     run_user_errors(start_processes)
     # after flag parsing, so --help and flag errors are quick
+    from lm.cli.resolve import find_experiment
     from lm.train.dry_run import dry_run
     from lm.train.loop import Stopped, train
 
+    config = _CONFIG.value
+    experiment = run_user_errors(lambda: find_experiment(config.experiment))
     if _DRY_RUN.value:
-        run_user_errors(lambda: dry_run(_CONFIG.value))
+        run_user_errors(lambda: dry_run(config, experiment.build))
         return
     try:
-        run_user_errors(lambda: train(_CONFIG.value, _WORKDIR.value))
+        run_user_errors(lambda: train(config, _WORKDIR.value, experiment.build))
     except Stopped as e:  # SIGTERM or SIGINT: the checkpoint is saved; the exit code says why it ended
         print(e, file=sys.stderr)
         sys.exit(128 + signal.Signals[e.signal_name].value)
@@ -77,9 +81,5 @@ def start_processes() -> None:
 
 
 def run() -> None:
-    """The command: flags from sys.argv, then main (also what `python -m lm.main` runs)."""
+    """The command: flags from sys.argv, then main."""
     app.run(main, flags_parser=parse_flags)
-
-
-if __name__ == "__main__":
-    run()

@@ -1,8 +1,8 @@
 """Translate sentences with the latest checkpoint of a translation run (one translation per line).
 
-  python -m lm.translate --workdir=runs/mt "Zwei Hunde spielen im Schnee." "Ein Mann fährt Rad." \
+  lm translate --workdir=runs/mt "Zwei Hunde spielen im Schnee." "Ein Mann fährt Rad." \
       --beam_size=4 --length_penalty=0.6
-  python -m lm.translate --workdir=runs/mt "Zwei Hunde spielen im Schnee." --attention_png=attention.png
+  lm translate --workdir=runs/mt "Zwei Hunde spielen im Schnee." --attention_png=attention.png
 
 --attention_png (with exactly one sentence) also saves a heat map of the translation's attention to the
 source: x = source pieces and <eos>, y = output pieces, colour = weight (every row sums to 1). An RNN with
@@ -14,11 +14,11 @@ import pathlib
 
 from absl import app, flags, logging
 
-from lm.cli import define_workdir, parse_flags, run_user_errors
-from lm.errors import UserError
-from lm.runs import load_run
+from lm.cli import define_workdir, parse_flags
+from lm.cli.resolve import load_run
+from lm.errors import UserError, run_user_errors
 
-_WORKDIR = define_workdir("A translation run folder written by lm.main.")
+_WORKDIR = define_workdir("A translation run folder written by lm train.")
 _BEAM_SIZE = flags.DEFINE_integer("beam_size", 4, "Beams per sentence; 1 is greedy.")
 _LENGTH_PENALTY = flags.DEFINE_float("length_penalty", 0.6, "GNMT length penalty alpha for beam search.")
 _ATTENTION_PNG = flags.DEFINE_string("attention_png", None,
@@ -28,7 +28,7 @@ _ATTENTION_PNG = flags.DEFINE_string("attention_png", None,
 def check_arguments(sentences: list[str], beam_size: int, length_penalty: float, attention_png: str | None) -> None:
     """UserError for what can be refused before the run is loaded."""
     if not sentences:
-        raise UserError('give the sentences to translate: python -m lm.translate --workdir=DIR "Ein Satz." ...')
+        raise UserError('give the sentences to translate: lm translate --workdir=DIR "Ein Satz." ...')
     if beam_size < 1:
         raise UserError(f"--beam_size={beam_size}: must be >= 1")
     if length_penalty < 0:
@@ -44,7 +44,7 @@ def translate(workdir: pathlib.Path, sentences: list[str], beam_size: int, lengt
               attention_png: str | None) -> None:
     """Prints the translation of each sentence, one per line; optionally writes the attention heat map."""
     check_arguments(sentences, beam_size, length_penalty, attention_png)
-    experiment, params = load_run(workdir, "translation")
+    experiment, params = load_run(workdir, "translate")
     maps = None
     if attention_png is not None:  # first, so that a model without attention fails before any output
         maps = experiment.attention_maps(params, sentences[0], beam_size, length_penalty)
@@ -66,9 +66,5 @@ def main(argv: list[str]) -> None:
 
 
 def run() -> None:
-    """The command: flags from sys.argv, then main (also what `python -m lm.translate` runs)."""
+    """The command: flags from sys.argv, then main."""
     app.run(main, flags_parser=parse_flags)
-
-
-if __name__ == "__main__":
-    run()

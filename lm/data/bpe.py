@@ -106,4 +106,4 @@ class BPETokenizer:
             return cls(tokenizers.Tokenizer.from_file(str(path)))
         except Exception as e:  # the library raises plain Exception for a missing or malformed file
             raise UserError(f"cannot load the tokenizer {path} ({e}): give a tokenizer.json written by "
-                            "python -m lm.cli.prepare") from e
+                            "lm prepare") from e

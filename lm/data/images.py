@@ -34,6 +34,7 @@ CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 CIFAR10_MD5 = "c58f30108f718f92721af3b95e74349a"
 ARCHIVE_BATCHES = {"train": [f"data_batch_{i}" for i in range(1, 6)], "test": ["test_batch"]}
 SPLITS = ("train", "test")
+IMAGE_SHAPE = (32, 32, 3)  # (H, W, C) of a CIFAR-10 image
 CLASS_NAMES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 NUM_CLASSES = len(CLASS_NAMES)
 MEAN = np.array([0.4914, 0.4822, 0.4465], np.float32)  # the usual CIFAR-10 channel statistics

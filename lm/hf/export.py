@@ -1,5 +1,5 @@
 """A run's parameters and config as a Hugging Face model folder that transformers' from_pretrained
-loads (python -m lm.cli.export). The architecture is the first of the run's experiment's candidates
+loads (lm export). The architecture is the first of the run's experiment's candidates
 (EXPORTS) whose lm_fields, read back off the config.json written for the run, all hold in the run's
 config: so a run exports exactly when importing the result would give it back. Parameters are written
 from the unrolled layer layout (a scanned run is unstacked), the vocabulary's padding rows cut off; a

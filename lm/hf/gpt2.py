@@ -13,10 +13,10 @@ causal-mask buffers 'attn.bias') read as well.
 import jax.numpy as jnp
 import ml_collections
 
-from lm.errors import UserError
 from lm.hf.mapping import (
     HF_ACTIVATIONS,
     Fields,
+    Limits,
     Rule,
     config_value,
     dense,
@@ -59,6 +59,11 @@ def lm_fields(hf: dict) -> Fields:
     }
 
 
+def lm_limits(hf: dict) -> Limits:
+    """A run trains on at most n_positions positions: the rows of GPT-2's position table."""
+    return {"data.context_length": (hf["n_positions"], "n_positions")}
+
+
 def hf_config(config: ml_collections.ConfigDict, vocab_size: int) -> dict:
     m = config.model
     return {
@@ -89,10 +94,7 @@ def rules(hf: dict, architecture: str, config: ml_collections.ConfigDict) -> lis
     vocab, width, heads = hf["vocab_size"], hf["n_embd"], hf["n_head"]
     hidden = hf.get("n_inner") or 4 * width
     padded = padded_vocab(vocab, config.model.vocab_multiple)
-    context = config.data.context_length
-    if context > hf["n_positions"]:
-        raise UserError(f"data.context_length={context} is longer than config.json's n_positions="
-                        f"{hf['n_positions']} (the rows of GPT-2's position table): use at most that")
+    context = config.data.context_length  # at most n_positions (lm_limits, checked by lm/hf/source.py)
     found = [vocab_rows("transformer.wte.weight", "token_embed/embedding", vocab, padded),
              one_to_one("transformer.wpe.weight", "position_embed/embedding", lambda x: x[:context], lambda x: x)]
     for i in range(hf["n_layer"]):

@@ -152,6 +152,10 @@ def encoder_config(config: ml_collections.ConfigDict) -> dict:
     }
 
 
+# The lm fields a config.json bounds from above: {"data.context_length": (1024, "n_positions")} (at most that).
+Limits = dict[str, tuple[int, str]]
+
+
 def differences(fields: Fields, config: ml_collections.ConfigDict) -> list[tuple[str, Any, Any, str]]:
     """(key, this config's value, the implied value, its config.json field) for every field that differs;
     a key the config does not have (data.vocab_size of a text corpus) is not compared."""
@@ -160,6 +164,16 @@ def differences(fields: Fields, config: ml_collections.ConfigDict) -> list[tuple
         actual = config_value(config, key)
         if actual is not None and actual != wanted:
             found.append((key, actual, wanted, source))
+    return found
+
+
+def excesses(limits: Limits, config: ml_collections.ConfigDict) -> list[tuple[str, Any, Any, str]]:
+    """(key, this config's value, the limit, its config.json field) for every field over its limit."""
+    found = []
+    for key, (limit, source) in limits.items():
+        actual = config_value(config, key)
+        if actual is not None and actual > limit:
+            found.append((key, actual, limit, source))
     return found
 
 

@@ -1,10 +1,10 @@
 """init_from=hf:DIR: a local Hugging Face model folder as a ParamSource (lm/train/init_from.py).
 
 The folder's architecture (config.json's `architectures`) picks the module in lm/hf; the run's config
-must agree with every field that module's lm_fields reads off config.json (else one UserError listing
-the differences and the flags that fix them); the tensors are mapped by its rules into lm's names,
-in the unrolled layer layout (init_from converts to a scanned stack), bf16 or fp32 as stored (init_from
-casts to the run's parameter dtype).
+must agree with every field that module's lm_fields reads off config.json and stay within its lm_limits
+(GPT-2's n_positions bounds data.context_length), else one UserError listing every difference and the
+flags that fix them; the tensors are mapped by its rules into lm's names, in the unrolled layer layout
+(init_from converts to a scanned stack), bf16 or fp32 as stored (init_from casts to the run's parameter dtype).
 """
 
 from types import ModuleType
@@ -16,30 +16,34 @@ from flax import traverse_util
 from lm.errors import UserError
 from lm.hf import ARCHITECTURES
 from lm.hf.files import Folder
-from lm.hf.mapping import Fields, Rule, apply, differences, overrides
+from lm.hf.mapping import Fields, Limits, Rule, apply, differences, excesses, overrides
 
 
-def read_folder(directory: str, location: str) -> tuple[Folder, str, ModuleType, Fields]:
-    """(the folder, its architecture, the lm/hf module for it, the lm fields its config.json implies);
-    an architecture lm does not read, or a config.json field it cannot represent, is a UserError."""
+def read_folder(directory: str, location: str) -> tuple[Folder, str, ModuleType, Fields, Limits]:
+    """(the folder, its architecture, the lm/hf module for it, the lm fields its config.json implies and
+    those it bounds (a module without lm_limits bounds none)); an architecture lm does not read, or a
+    config.json field it cannot represent, is a UserError."""
     folder = Folder(directory, location)
     named = folder.config.get("architectures") or []
     known = [name for name in named if name in ARCHITECTURES]
     if not known:
         raise UserError(f"{location}: config.json's architectures are {named}; lm reads {', '.join(ARCHITECTURES)}")
     module = ARCHITECTURES[known[0]]
+    limits = module.lm_limits(folder.config) if hasattr(module, "lm_limits") else {}
     try:
-        return folder, known[0], module, module.lm_fields(folder.config)
+        return folder, known[0], module, module.lm_fields(folder.config), limits
     except UserError as e:
         raise UserError(f"{location}: {e}") from None
 
 
 def following(directory: str, config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """A copy of config with every field the folder's config.json implies set to that value (where config
-    has the field): a run config that init_from=hf:directory accepts."""
-    _, _, _, fields = read_folder(directory, f"hf:{directory}")
+    has the field), and every field over its limit lowered to it: a run config that init_from=hf:directory
+    accepts."""
+    _, _, _, fields, limits = read_folder(directory, f"hf:{directory}")
     config = config.copy_and_resolve_references()
-    for key, (value, _) in fields.items():
+    over = {key: (limit, source) for key, _, limit, source in excesses(limits, config)}
+    for key, (value, _) in {**fields, **over}.items():
         *path, name = key.split(".")
         section = config
         for part in path:
@@ -49,9 +53,13 @@ def following(directory: str, config: ml_collections.ConfigDict) -> ml_collectio
     return config
 
 
-def describe(found, architecture: str) -> str:
-    return ", ".join(f"{key}={actual} (config.json {source}={wanted})" if source else
-                     f"{key}={actual} ({architecture}: {wanted})" for key, actual, wanted, source in found)
+def describe(found, over, architecture: str) -> str:
+    """'model.embed_dim=64 (config.json n_embd=32), data.context_length=64 (at most config.json n_positions=32)':
+    the fields that differ (found, from differences), then those over their limits (over, from excesses)."""
+    differ = [f"{key}={actual} (config.json {source}={wanted})" if source else
+              f"{key}={actual} ({architecture}: {wanted})" for key, actual, wanted, source in found]
+    return ", ".join(differ + [f"{key}={actual} (at most config.json {source}={limit})"
+                               for key, actual, limit, source in over])
 
 
 class HFSource:
@@ -59,15 +67,15 @@ class HFSource:
 
     def __init__(self, directory: str, config: ml_collections.ConfigDict):
         location = f"init_from=hf:{directory}"
-        self.folder, self.architecture, module, fields = read_folder(directory, location)
+        self.folder, self.architecture, module, fields, limits = read_folder(directory, location)
         hf = self.folder.config
         if config.experiment != module.EXPERIMENT:
             raise UserError(f"{location} is a {self.architecture}, for an experiment={module.EXPERIMENT} run; "
                             f"this run's experiment is {config.experiment}")
-        found = differences(fields, config)
-        if found:
+        found, over = differences(fields, config), excesses(limits, config)
+        if found or over:
             raise UserError(f"{location}: this run's config differs from config.json: "
-                            f"{describe(found, self.architecture)}; run with {overrides(found)}")
+                            f"{describe(found, over, self.architecture)}; run with {overrides(found + over)}")
         try:
             self.rules: list[Rule] = module.rules(hf, self.architecture, config)
         except UserError as e:

@@ -45,12 +45,10 @@ def lm_fields(hf: dict) -> Fields:
 
 def hf_config(config: ml_collections.ConfigDict, vocab_size: int | None = None) -> dict:
     """(vocab_size: unused; the images and classes are the experiment's, CIFAR-10's.)"""
-    from experiments.image_classification import IMAGE_SHAPE
-
     m = config.model
     return {
         "architectures": ["ViTForImageClassification"], "model_type": "vit", **encoder_config(config),
-        "image_size": IMAGE_SHAPE[0], "patch_size": m.patch_size, "num_channels": IMAGE_SHAPE[2],
+        "image_size": images.IMAGE_SHAPE[0], "patch_size": m.patch_size, "num_channels": images.IMAGE_SHAPE[2],
         "qkv_bias": m.use_bias,
         "id2label": dict(enumerate(images.CLASS_NAMES)),
         "label2id": {name: i for i, name in enumerate(images.CLASS_NAMES)},

@@ -176,8 +176,9 @@ class MoeMlp(nn.Module):
         return jnp.einsum("gsec,egcd->gsd", combine.astype(self.dtype), expert_out)  # (G, S, D)
 
 
-def parameter_counts(params, top_k: int) -> tuple[int, int]:
-    """(total, active per token) parameter counts of an unboxed param tree (arrays or ShapeDtypeStructs).
+def parameter_counts(params, top_k: int = 1) -> tuple[int, int]:
+    """(total, active per token) parameter counts of an unboxed param tree (arrays or ShapeDtypeStructs):
+    the one parameter counter (a dense model's two counts are equal).
 
     A leaf under a module named EXPERTS_NAME has a leading axis of E experts; a token uses top_k of them.
     """

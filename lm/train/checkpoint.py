@@ -11,6 +11,7 @@ import sys
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 from jax.experimental import multihost_utils
 
 from lm.errors import UserError
@@ -27,12 +28,16 @@ class Checkpointer:
     processes, every process calls every method: Orbax writes and reads collectively."""
 
     def __init__(self, directory: str, keep: int):
-        """directory: an absolute local path, or a URL Orbax writes to (gs://...)."""
+        """directory: an absolute local path, or a URL Orbax writes to (gs://...). Nothing is created
+        before the first save makes the folder, so that a run a check stops leaves none behind."""
+        folder = epath.Path(directory)
         self.manager = ocp.CheckpointManager(
             directory,
             options=ocp.CheckpointManagerOptions(
-                max_to_keep=keep, enable_async_checkpointing=True,
-                cleanup_tmp_directories=True,  # what a killed save left behind (never restored)
+                max_to_keep=keep, enable_async_checkpointing=True, create=False,
+                # what a killed save left behind (never restored): none in a new or empty folder, which
+                # a failed run may remove again (lm.train.setup.prepared_directory) while this runs
+                cleanup_tmp_directories=folder.exists() and any(folder.iterdir()),
             ),
             item_handlers={"state": ocp.StandardCheckpointHandler()},
         )

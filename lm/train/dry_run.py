@@ -1,6 +1,6 @@
 """The dry run: compile the train step for a config's mesh and print what a step costs, training nothing.
 
-  python -m lm.main --config=configs/gpt2.py:124m --dry_run [--config.mesh.fsdp=8 ...]
+  lm train --config=configs/gpt2.py:124m --dry_run [--config.mesh.fsdp=8 ...]
 """
 
 import time
@@ -10,19 +10,21 @@ import jax
 import ml_collections
 
 from lm import sharding
+from lm.layers.moe import parameter_counts
 from lm.train.metrics import format_bytes
-from lm.train.setup import build, count_params
+from lm.train.setup import MakeExperiment, build
 
 
-def dry_run(config: ml_collections.ConfigDict, devices: list[jax.Device] | None = None) -> dict[str, float]:
-    """Compiles the train step for config's mesh and one global batch, prints what a step costs and
-    returns it, training and writing nothing: parameters (total, active), per-device memory of the
+def dry_run(config: ml_collections.ConfigDict, make_experiment: MakeExperiment,
+            devices: list[jax.Device] | None = None) -> dict[str, float]:
+    """Compiles the train step of make_experiment(config) for config's mesh and one global batch, prints
+    what a step costs and returns it, training and writing nothing: parameters (total, active), per-device memory of the
     compiled step (XLA's memory analysis: arguments, outputs, temporaries, generated code), FLOPs
     per step (XLA's count for one device's program; the model estimate for the whole batch) and the
     compile time. A mesh the devices or the batch do not fit, or a shape that does not shard, fails
     here, before any accelerator time is spent."""
     tcfg = config.train
-    setup = build(config, devices)
+    setup = build(config, make_experiment, devices)
     mesh, experiment = setup.mesh, setup.experiment
     host_batch = next(iter(setup.train_data(0)))
     batch_sharding = sharding.batch_sharding(mesh)
@@ -40,7 +42,7 @@ def dry_run(config: ml_collections.ConfigDict, devices: list[jax.Device] | None 
     cost = cost[0] if isinstance(cost, list) else cost
     active_params = experiment.active_params(state_shapes.params)
     report = {
-        "num_params": count_params(state_shapes.params),
+        "num_params": parameter_counts(state_shapes.params)[0],
         "active_params": active_params,
         "argument_bytes": memory.argument_size_in_bytes,
         "output_bytes": memory.output_size_in_bytes,

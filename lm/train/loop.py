@@ -1,14 +1,16 @@
 """The trainer: one loop for every experiment.
 
-train(config, workdir) builds the experiment named by config.experiment, the mesh and the sharded
-state; resumes from the latest checkpoint in workdir if there is one (on any mesh: the data position
-is the step); then runs jitted train steps with periodic logging, evaluation and asynchronous
+train(config, workdir, make_experiment) builds the experiment (make_experiment is the build of the
+module config.experiment names, which the `lm` command resolves), the mesh and the sharded state;
+resumes from the latest checkpoint in workdir if there is one (on any mesh: the data position is the
+step); then runs jitted train steps with periodic logging, evaluation and asynchronous
 checkpoints. SIGTERM or SIGINT saves a checkpoint and stops; a NaN/Inf loss or gradient never
 updates the weights (train.on_nonfinite: stop or skip). With several processes (lm.distributed) each
 loads only its rows of every batch, all of them save the checkpoints together, and process 0 alone
 writes the logs and results.
 """
 
+import contextlib
 import itertools
 import json
 import pathlib
@@ -25,16 +27,17 @@ from jax.experimental import multihost_utils
 from lm import sharding
 from lm.distributed import is_primary
 from lm.errors import UserError
+from lm.layers.moe import parameter_counts
 from lm.runs import CONFIG_FILE, METRICS_FILE, RESULTS_FILE, SUMMARY_FILE
 from lm.train import init_from
 from lm.train.checkpoint import Checkpointer
 from lm.train.compiled import CompiledPerShape, compile_in_parallel
-from lm.train.experiment import Evaluator
+from lm.train.experiment import Evaluation, Evaluator
 from lm.train.flops import peak_flops_per_device
 from lm.train.lock import workdir_lock
-from lm.train.metrics import MetricWriter, format_duration, truncate_log
+from lm.train.metrics import MetricWriter, drop_logs, format_duration, truncate_log
 from lm.train.prefetch import DevicePrefetcher
-from lm.train.setup import Setup, build, checkpoint_directory, count_params, prepare_directory
+from lm.train.setup import MakeExperiment, Setup, build, checkpoint_directory, prepared_directory
 from lm.train.step import make_eval_step
 
 
@@ -129,19 +132,20 @@ def mean_metrics(metrics_list: list[dict], weights: list | None = None) -> dict[
 
 
 def train(
-    config: ml_collections.ConfigDict, workdir: str, devices: list[jax.Device] | None = None
+    config: ml_collections.ConfigDict, workdir: str, make_experiment: MakeExperiment,
+    devices: list[jax.Device] | None = None,
 ) -> dict[str, float]:
-    """Trains to config.train.num_steps on devices (default: all); returns the last evaluators'
+    """Trains make_experiment(config) to config.train.num_steps on devices (default: all); returns the last evaluators'
     metrics (prefixed with their names: eval_loss, ...) and run facts. Raises Stopped when SIGTERM or
     SIGINT ended it early (after saving a checkpoint). A second run on the same workdir stops at once
     (lm.train.lock)."""
-    workdir_path = prepare_directory(workdir)
-    with workdir_lock(workdir_path, jax.process_index()):  # first: a second run stops before it reads any data
+    # The lock first: a second run stops before it reads any data. A run that a check stops leaves no folder.
+    with prepared_directory(workdir) as workdir_path, workdir_lock(workdir_path, jax.process_index()):
         finished_step = finished_run_step(config, workdir_path)
         if finished_step is not None:  # the same command again: nothing to load or compile
             print(nothing_to_do(finished_step, config.train.num_steps))
             return {"step": finished_step}
-        setup = build(config, devices)
+        setup = build(config, make_experiment, devices)
         with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
             summary = _train_locked(setup, workdir_path)
     stopped_by = summary.pop("stopped_by", None)
@@ -172,16 +176,16 @@ def _train_locked(setup: Setup, workdir: pathlib.Path) -> dict[str, float]:
     config, tcfg = setup.config, setup.config.train
     state_shapes, state_shardings = setup.abstract_state()
     checkpoints = checkpoint_directory(config, workdir)
-    if tcfg.checkpoint_dir and "://" not in checkpoints:  # (the workdir's own was checked above)
-        prepare_directory(checkpoints, "--config.train.checkpoint_dir")
-    checkpointer = Checkpointer(checkpoints, tcfg.keep_checkpoints)
-    try:
-        restored = checkpointer.restore_latest(state_shapes, tcfg.restore_fallback)
-        initial_params = init_from.prepare(config.init_from, config.init_from_rename, state_shapes.params,
-                                           resumed_step=restored[0] if restored else None, config=config)
-    except BaseException:
-        checkpointer.close()  # (its background clean-up must end before the process does)
-        raise
+    chosen = tcfg.checkpoint_dir and "://" not in checkpoints  # (the workdir's own was checked above)
+    with prepared_directory(checkpoints, "--config.train.checkpoint_dir") if chosen else contextlib.nullcontext():
+        checkpointer = Checkpointer(checkpoints, tcfg.keep_checkpoints)
+        try:
+            restored = checkpointer.restore_latest(state_shapes, tcfg.restore_fallback)
+            initial_params = init_from.prepare(config.init_from, config.init_from_rename, state_shapes.params,
+                                               resumed_step=restored[0] if restored else None, config=config)
+        except BaseException:
+            checkpointer.close()  # (its background clean-up must end before the process does)
+            raise
     # Every check has passed: from here on the workdir is written to.
     if is_primary():
         (workdir / CONFIG_FILE).write_text(config.to_json_best_effort(indent=2))
@@ -192,6 +196,8 @@ def _train_locked(setup: Setup, workdir: pathlib.Path) -> dict[str, float]:
         if initial_params:
             state = state.replace(params=initial_params.load(state.params, state_shardings.params, setup.mesh))
         start_step = 0
+        if is_primary():  # what an attempt killed before its first checkpoint logged: one history, not two
+            drop_logs(workdir)
     else:
         start_step, state = restored
         if is_primary():
@@ -229,8 +235,9 @@ def _train_locked(setup: Setup, workdir: pathlib.Path) -> dict[str, float]:
 class Trainer:
     """The loop's parts, each in one place: the compiled train and eval steps, the evaluators (the
     loss on the eval data as `eval`, then the experiment's own, each every so many steps), the
-    throughput log, the checkpoint policy (every train.checkpoint_every steps, at the end and on a
-    stop signal) and the NaN/Inf policy (train.on_nonfinite)."""
+    throughput log (with MFU where the peak is known: lm.train.flops), the checkpoint policy (every
+    train.checkpoint_every steps, at the end and on a stop signal) and the NaN/Inf policy
+    (train.on_nonfinite)."""
 
     def __init__(self, setup: Setup, state_shardings, checkpointer: Checkpointer, writer: MetricWriter,
                  workdir: pathlib.Path):
@@ -240,7 +247,7 @@ class Trainer:
         self.batch_sharding = sharding.batch_sharding(setup.mesh)
         self.train_step = CompiledPerShape(setup.jit_train_step(state_shardings))
         self.eval_step = CompiledPerShape(jax.jit(
-            make_eval_step(experiment.loss, experiment.eval_weight),
+            make_eval_step(experiment.loss, experiment.eval_weight, experiment.eval_outputs),
             in_shardings=(state_shardings.params, self.batch_sharding),
         ), "eval step")
         self.eval_batches = list(experiment.eval_data())
@@ -248,16 +255,19 @@ class Trainer:
                                      lambda params: self.evaluate_batches(params, self.eval_batches)),
                            *experiment.evaluators()]
 
-    def evaluate_batches(self, params, batches) -> dict[str, float]:
-        """Weighted mean metrics (per real token, say, not per padded batch) of global batches."""
-        outputs = [self.eval_step(params, sharding.place_batch(b, self.setup.mesh)) for b in batches]
-        metrics, weights = zip(*outputs, strict=True)
-        return mean_metrics(list(metrics), list(weights))
+    def evaluate_batches(self, params, batches) -> Evaluation:
+        """Weighted mean metrics (per real token, say, not per padded batch) of global batches, and the
+        experiment's eval outputs of all their rows, in order, gathered whole onto every process."""
+        steps = [self.eval_step(params, sharding.place_batch(b, self.setup.mesh)) for b in batches]
+        metrics, weights, outputs = zip(*steps, strict=True)
+        rows = jax.tree.map(lambda *parts: np.concatenate(parts), *jax.device_get(host_local(list(outputs))))
+        return Evaluation(mean_metrics(list(metrics), list(weights)), rows)
 
     def evaluate(self, step: int, state, elapsed_seconds: float) -> dict[str, float]:
         """The evaluators due at step (all of them at step 0 and at the last step): their metrics, named
-        <evaluator>_<metric>, written, and printed (the loss if there is one, else all). The
-        experiment's evaluators get host-local params."""
+        <evaluator>_<metric>, and the experiment's eval_scores of the eval pass's outputs (named as it
+        names them), written, and printed (the loss if there is one, else all). The experiment's
+        evaluators get host-local params."""
         last = step == self.tcfg.num_steps
         due = [e for e in self.evaluators if e.every and (step % e.every == 0 or last)]
         results = {}
@@ -267,6 +277,11 @@ class Trainer:
             shown = {"loss": metrics["loss"]} if "loss" in metrics else metrics
             print(f"step {step:>6} | " + " | ".join(f"{evaluator.name} {k} {v:.4f}" for k, v in shown.items()))
             results.update({f"{evaluator.name}_{k}": v for k, v in metrics.items()})
+            if evaluator.name == "eval":  # the task's scores, from the same pass
+                scores = self.setup.experiment.eval_scores(metrics.outputs)
+                if scores:
+                    print(f"step {step:>6} | " + " | ".join(f"{k} {v:.4f}" for k, v in scores.items()))
+                results.update(scores)
         if results:
             # elapsed_seconds: wall time since this segment's loop started (compiles included), for
             # time-to-accuracy curves
@@ -291,12 +306,13 @@ class Trainer:
         batches from start_step on, already on the devices; then (unless stopped) the experiment's
         texts and final results."""
         tcfg, experiment = self.tcfg, self.setup.experiment
-        num_params = count_params(state.params)
+        num_params, _ = parameter_counts(state.params)
         active_params = experiment.active_params(state.params)
         units_per_step = tcfg.batch_size * experiment.units_per_example
         flops_per_step = tcfg.batch_size * experiment.flops_per_example(active_params)
         mesh = self.setup.mesh
-        peak = (tcfg.peak_flops or peak_flops_per_device(mesh.devices.flat[0])) * mesh.size
+        device_peak = tcfg.peak_flops or peak_flops_per_device(mesh.devices.flat[0])  # None: unknown (a CPU)
+        peak = device_peak * mesh.size if device_peak else None  # no MFU without a real peak
         print(f"{num_params:,} parameters ({active_params:,} active) | mesh {dict(mesh.shape)} | "
               f"{mesh.devices.flat[0].device_kind}")
 
@@ -338,12 +354,13 @@ class Trainer:
                 scalars.update(
                     steps_per_second=1 / step_time,
                     **{f"{experiment.unit}_per_second": units_per_step / step_time},
-                    mfu=flops_per_step / step_time / peak,
+                    **({"mfu": flops_per_step / step_time / peak} if peak else {}),
                 )
                 self.writer.write_scalars(step, scalars)
+                mfu = f"MFU {scalars['mfu']:.1%} | " if peak else ""
                 print(
                     f"step {step:>6} | loss {scalars['loss']:.4f} | lr {scalars['learning_rate']:.2e} | "
-                    f"{units_per_step / step_time:,.0f} {experiment.unit}/s | MFU {scalars['mfu']:.1%} | "
+                    f"{units_per_step / step_time:,.0f} {experiment.unit}/s | {mfu}"
                     f"ETA {format_duration((tcfg.num_steps - step) * step_time)}"
                 )
                 pending = []

@@ -8,6 +8,7 @@ import jax
 
 from lm.runs import METRICS_FILE
 
+TENSORBOARD_DIR = "tensorboard"  # in the workdir: TensorBoard's event files
 
 def format_bytes(count: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
@@ -38,6 +39,15 @@ def truncate_log(path: pathlib.Path, last_step: int) -> None:
     tmp.replace(path)  # a crash now leaves the old log or the new one, never half of one
 
 
+def drop_logs(workdir: pathlib.Path) -> None:
+    """Removes the JSONL log and the TensorBoard event files in workdir: what an earlier attempt killed
+    before its first checkpoint logged, so that a run starting again at step 0 writes one history, not a
+    second one after the first (a resumed run truncates the log instead: truncate_log)."""
+    (workdir / METRICS_FILE).unlink(missing_ok=True)
+    for events in (workdir / TENSORBOARD_DIR).glob("events.out.tfevents.*"):
+        events.unlink()
+
+
 class MetricWriter:
     """Writes scalars and texts from process 0 only; other processes' writes are dropped."""
 
@@ -51,7 +61,7 @@ class MetricWriter:
         from tensorboardX import SummaryWriter
 
         self._jsonl = (workdir / METRICS_FILE).open("a")
-        self._tensorboard = SummaryWriter(str(workdir / "tensorboard"))
+        self._tensorboard = SummaryWriter(str(workdir / TENSORBOARD_DIR))
         if wandb_project:
             import wandb
 

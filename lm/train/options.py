@@ -68,7 +68,7 @@ def train_options(**overrides) -> ml_collections.ConfigDict:
     # "auto" = $JAX_COMPILATION_CACHE_DIR, else ~/.cache/lm/jax_compilation_cache ($XDG_CACHE_HOME);
     # "none" = no cache; or a folder.
     options.compilation_cache_dir = "auto"
-    options.peak_flops = 0.0  # per device, for MFU; 0 = look up or measure
+    options.peak_flops = 0.0  # per device, for MFU; 0 = a known accelerator's data sheet, else (CPUs) no MFU
     options.wandb_project = ""  # non-empty turns Weights & Biases logging on
     options.update(overrides)
     return options

@@ -5,12 +5,13 @@ devices and the batch, the trainer's options) and returns a Setup; the trainer (
 dry run (lm.train.dry_run), the benchmarks and the inference commands (restore_params) build from it.
 """
 
+import contextlib
 import dataclasses
-import math
+import itertools
 import os
 import pathlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import flax.linen as nn
 import jax
@@ -19,7 +20,6 @@ import optax
 from jax.experimental.compilation_cache import compilation_cache
 from jax.sharding import Mesh
 
-import experiments
 from lm import sharding
 from lm.errors import UserError
 from lm.train.checkpoint import Checkpointer
@@ -54,12 +54,7 @@ class Setup:
         return process_train_data(self.config, self.experiment, self.mesh, start_step)
 
 
-def load_experiment(config: ml_collections.ConfigDict) -> Experiment:
-    """The experiment config.experiment names (one of experiments.NAMES), built from config."""
-    if config.experiment not in experiments.NAMES:
-        raise UserError(f"experiment={config.experiment!r} is not one of {', '.join(experiments.NAMES)} "
-                        "(experiments/__init__.py lists them)")
-    return experiments.module(config.experiment).build(config)
+MakeExperiment = Callable[[ml_collections.ConfigDict], Experiment]  # an experiment module's build
 
 
 def prepare_directory(directory: str, option: str = "--workdir") -> pathlib.Path:
@@ -74,6 +69,24 @@ def prepare_directory(directory: str, option: str = "--workdir") -> pathlib.Path
     except OSError as e:
         raise UserError(f"{path} is not writable ({e.strerror}); pass a {option} you can write to") from e
     return path
+
+
+@contextlib.contextmanager
+def prepared_directory(directory: str, option: str = "--workdir") -> Iterator[pathlib.Path]:
+    """prepare_directory(directory, option) for the block; when the block raises (a check failed), the
+    folders created here (directory and its missing parents) are removed again while they are empty, so
+    that a run stopped before it wrote anything leaves the filesystem as it was."""
+    path = pathlib.Path(directory).expanduser().absolute()
+    created = list(itertools.takewhile(lambda folder: not folder.exists(), (path, *path.parents)))
+    try:
+        yield prepare_directory(directory, option)
+    except BaseException:
+        for folder in created:  # the deepest first
+            try:
+                folder.rmdir()
+            except OSError:  # not empty: something was written there (or never created)
+                break
+        raise
 
 
 def default_compilation_cache() -> str:
@@ -125,10 +138,6 @@ def abstract_state(init_boxed, rng, mesh, rules):
     return jax.tree.map(
         lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings
     ), shardings
-
-
-def count_params(params) -> int:
-    return sum(math.prod(p.shape) for p in jax.tree.leaves(params))
 
 
 def state_builder(experiment: Experiment, optimizer):
@@ -191,17 +200,19 @@ def restore_params(config: ml_collections.ConfigDict, experiment: Experiment, wo
         if step is None:
             restored = checkpointer.restore_latest(state_shapes, fallback=False)
             if restored is None:
-                raise UserError(f"no checkpoint in {directory}: train first with lm.main")
+                raise UserError(f"no checkpoint in {directory}: train first with lm train")
             return restored[1].params
         return checkpointer.restore_checked(step, state_shapes).params
     finally:
         checkpointer.close()
 
 
-def build(config: ml_collections.ConfigDict, devices: list[jax.Device] | None) -> Setup:
-    """The Setup of config on devices (default: all),
-    after checking that the mesh fits the devices and divides the batch; turns on (and names) the
-    compilation cache of train.compilation_cache_dir, before anything is compiled."""
+def build(config: ml_collections.ConfigDict, make_experiment: MakeExperiment,
+          devices: list[jax.Device] | None) -> Setup:
+    """The Setup of config on devices (default: all), its experiment from make_experiment(config) (the
+    build of the module config.experiment names: the `lm` command resolves it), after checking that
+    the mesh fits the devices and divides the batch; turns on (and names) the compilation cache of
+    train.compilation_cache_dir, before anything is compiled."""
     if config.train.on_nonfinite not in ("stop", "skip"):
         raise UserError(f"train.on_nonfinite={config.train.on_nonfinite!r}: use 'stop' or 'skip'")
     if config.train.prefetch < 0:
@@ -213,6 +224,6 @@ def build(config: ml_collections.ConfigDict, devices: list[jax.Device] | None) -
     mesh = sharding.make_mesh(config.mesh.to_dict(), devices)
     sharding.check_batch(config.train.batch_size, config.train.grad_accum_steps, mesh)
     rules = sharding.logical_rules(config.sharding_rules)
-    experiment = load_experiment(config)
+    experiment = make_experiment(config)
     optimizer = make_optimizer(config.optimizer)
     return Setup(config, mesh, rules, experiment, optimizer, state_builder(experiment, optimizer))

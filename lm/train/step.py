@@ -1,6 +1,7 @@
 """Pure train and eval steps: step(state, batch) -> (state, metrics), jitted by the loop."""
 
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -95,11 +96,13 @@ def make_multi_step(train_step):
     return multi_step
 
 
-def make_eval_step(loss_fn: LossFn, weight_fn: Callable[[dict], jax.Array]):
-    """(params, batch) -> (metrics with 'loss', the batch's weight in the eval means)."""
+def make_eval_step(loss_fn: LossFn, weight_fn: Callable[[dict], jax.Array], outputs_fn: Callable[..., Any]):
+    """(params, batch) -> (metrics with 'loss', the batch's weight in the eval means, outputs_fn(params,
+    batch): the experiment's per-example outputs, e.g. predictions (B, ...), or None). The model's forward
+    pass is written twice (loss, outputs) but computed once: XLA merges the identical computations."""
 
-    def eval_step(params, batch) -> tuple[dict, jax.Array]:
+    def eval_step(params, batch) -> tuple[dict, jax.Array, Any]:
         loss, metrics = loss_fn(params, batch, jax.random.key(0), False)
-        return dict(metrics, loss=loss), weight_fn(batch)
+        return dict(metrics, loss=loss), weight_fn(batch), outputs_fn(params, batch)
 
     return eval_step

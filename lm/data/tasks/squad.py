@@ -126,12 +126,14 @@ def predicted_answers(start_logits: np.ndarray, end_logits: np.ndarray, windows:
                       questions: list[Question], max_answer_length: int, n_best: int) -> dict[str, str]:
     """Start and end logits of every window (N, T) -> {question id: answer text}: the best valid span
     over each question's windows (lm.task_metrics.best_span over its context pieces), cut from the
-    context by the pieces' character spans ("" when no window has a valid span)."""
+    context by the pieces' character spans. A question no window has a valid span for is left out:
+    unanswered, it scores 0 (lm.task_metrics.squad_scores)."""
     answers = {}
     for index, q in enumerate(questions):
         rows = np.flatnonzero(windows.question == index)
         offsets = windows.offsets[rows]  # (W, T, 2)
         window, start, end = best_span(start_logits[rows], end_logits[rows], offsets[..., 0] >= 0,
                                        max_answer_length, n_best)
-        answers[q.id] = q.context[offsets[window, start, 0] : offsets[window, end, 1]] if window >= 0 else ""
+        if window >= 0:
+            answers[q.id] = q.context[offsets[window, start, 0] : offsets[window, end, 1]]
     return answers

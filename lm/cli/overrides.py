@@ -1,5 +1,5 @@
 """Config overrides as command-line strings: parsing axis and override arguments, and resolving a
-config spec plus overrides exactly as lm.main would (shared by lm.sweep and the benchmarks)."""
+config spec plus overrides exactly as lm train would (shared by lm sweep and the benchmarks)."""
 
 import ast
 import re
@@ -7,8 +7,7 @@ import re
 from absl import flags
 from ml_collections import config_flags
 
-from lm.cli import fail
-from lm.errors import UserError
+from lm.errors import UserError, fail
 
 
 def parse_value(text: str):
@@ -23,7 +22,7 @@ def parse_value(text: str):
 
 
 def format_value(value) -> str:
-    """A Python value (from a sweep file) as the command-line string lm.main parses back to it."""
+    """A Python value (from a sweep file) as the command-line string lm train parses back to it."""
     if isinstance(value, bool):
         return str(value).lower()
     return str(value)
@@ -43,7 +42,7 @@ def parse_axis(text: str, flag: str = "--sweep") -> tuple[str, list[str]]:
 
 
 def resolve_config(spec: str, overrides: dict[str, str]):
-    """The config lm.main would train with `--config=spec --config.k=v ...`, parsed by the same
+    """The config lm train would train with `--config=spec --config.k=v ...`, parsed by the same
     ml_collections flag machinery (unknown keys and bad values are UserErrors); nothing is trained."""
     argv = ["lm", f"--config={spec}", *(f"--config.{k}={v}" for k, v in overrides.items())]
     flag_values = flags.FlagValues()
@@ -69,7 +68,7 @@ def _one_line(error: Exception) -> str:
 
 
 def split_config_overrides(argv: list[str]) -> tuple[list[str], dict[str, str]]:
-    """Separates the --config.key=value arguments (passed through to every arm) from lm.sweep's flags."""
+    """Separates the --config.key=value arguments (passed through to every arm) from lm sweep's flags."""
     rest, overrides = [], {}
     for arg in argv:
         if arg.startswith(("--config.", "-config.")):

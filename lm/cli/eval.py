@@ -1,0 +1,1 @@
+"""Evaluate a run's checkpoint."""

@@ -1,0 +1,73 @@
+"""Imports run down the layers only (docs/architecture.md): layers -> models -> experiments -> trainer
+-> commands, read from the source with ast (every import, a function's lazy ones too)."""
+
+import ast
+import pathlib
+
+from conftest import REPO
+
+# Each package or module of lm/ and experiments/ and its layer: a module may import its own layer or
+# one below, never one above. A new top-level module must be placed here.
+LAYERS = (
+    ("lm.errors", "lm.cpu", "lm.runs", "lm.distributed", "lm.plots", "lm.task_metrics", "lm.losses",
+     "lm.sharding"),
+    ("lm.layers", "lm.data"),
+    ("lm.models",),
+    ("lm.decode", "lm.hf"),
+    ("lm.train",),
+    ("experiments",),
+    ("lm.cli", "lm.__main__"),
+)
+
+
+def layer(module: str) -> int:
+    """The layer of module (lm.train.loop is in lm.train's); lm itself, the package, counts as the lowest."""
+    if module == "lm":
+        return 0
+    for index, names in enumerate(LAYERS):
+        if any(module == name or module.startswith(name + ".") for name in names):
+            return index
+    raise AssertionError(f"{module} is in no layer of tests/test_layering.py's LAYERS: place it there")
+
+
+def project_modules() -> dict[str, pathlib.Path]:
+    """Every module of lm/ and experiments/ (results folders hold no code), by dotted name."""
+    modules = {}
+    for path in [*REPO.glob("lm/**/*.py"), *REPO.glob("experiments/**/*.py")]:
+        name = ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+        modules[name] = path
+    return modules
+
+
+def imports(path: pathlib.Path, modules: dict[str, pathlib.Path]) -> set[str]:
+    """The project modules path imports (`from lm import sharding` imports lm.sharding)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            for alias in node.names:
+                submodule = f"{node.module}.{alias.name}"
+                found.add(submodule if submodule in modules else node.module)
+    return {name for name in found if name.split(".")[0] in ("lm", "experiments")}
+
+
+def test_imports_run_down_the_layers_and_lm_never_imports_experiments():
+    modules = project_modules()
+    assert "lm.train.loop" in modules and "experiments.language_model" in modules
+    upward = []
+    for name, path in sorted(modules.items()):
+        for imported in sorted(imports(path, modules)):
+            into_experiments = name.startswith("lm") and imported.split(".")[0] == "experiments"
+            if into_experiments or layer(imported) > layer(name):
+                upward.append(f"{name} -> {imported}")
+    assert not upward, upward
+
+
+def test_the_layering_check_sees_an_upward_import(tmp_path):
+    """The check itself: a lazy import of the trainer from a layer module is found."""
+    path = tmp_path / "module.py"
+    path.write_text("def f():\n    from lm.train.setup import build\n    import experiments.translation\n")
+    modules = project_modules()
+    assert imports(path, modules) == {"lm.train.setup", "experiments.translation"}
+    assert layer("lm.train.setup") > layer("lm.layers.attention")
