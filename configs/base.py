@@ -10,19 +10,16 @@ the trainer's own sections come from lm/train/options.py (run_options, optimizer
                                the model)
   masked_lm(size)              experiments/masked_lm.py: BERT pretraining of one BERT_SIZES encoder
                                (configs/bert.py)
-  finetune(task)               experiments/finetune.py: one task of FINETUNE_TASKS (configs/bert_finetune.py
-                               adds the encoder)
-
-FINETUNE_TASKS is the one table of the fine-tuning tasks: for each, the kind of head the experiment puts on
-the encoder (experiments/finetune.py HEADS maps the kind to its class, which reads the task's data from
-lm/data/tasks/<task>.py) and the row length and steps its config starts from.
+  finetune(task)               experiments/finetune.py: one task of the fine-tuning table (lm/data/tasks
+                               TASKS: its kind of head, row length and steps; configs/bert_finetune.py adds
+                               the encoder)
 """
 
-import dataclasses
 
 import ml_collections
 
 from lm import sharding
+from lm.data import tasks
 from lm.models.bert import bert_options
 from lm.models.config import transformer_options
 from lm.train.options import optimizer_options, run_options, train_options
@@ -209,31 +206,12 @@ def masked_lm(size: str) -> ml_collections.ConfigDict:
 # --- fine-tuning -------------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class FineTuneTask:
-    """A fine-tuning task: the kind of head on the encoder (experiments/finetune.py HEADS: classification
-    on the pooled output, tagging of each word, span extraction, regression on the pooled output) and the
-    task's defaults in finetune()."""
-
-    head: str
-    max_seq_len: int  # pieces per row
-    num_steps: int  # the learning rate warms up over a tenth of them, then decays over all
-
-
-FINETUNE_TASKS = {
-    "sst2": FineTuneTask("classification", max_seq_len=64, num_steps=2000),
-    "conll2003": FineTuneTask("tagging", max_seq_len=128, num_steps=1500),
-    "squad": FineTuneTask("span", max_seq_len=384, num_steps=1200),
-    "stsb": FineTuneTask("regression", max_seq_len=128, num_steps=540),
-}
-
-
 def finetune(task: str) -> ml_collections.ConfigDict:
-    """BERT fine-tuning on one task of FINETUNE_TASKS: data, optimiser, trainer, eval and mesh sections
+    """BERT fine-tuning on one task of tasks.TASKS: data, optimiser, trainer, eval and mesh sections
     at the task's sizes (configs/bert_finetune.py adds the encoder)."""
-    sizes = FINETUNE_TASKS[task]
+    sizes = tasks.TASKS[task]
     config = run_options("finetune")
-    config.task = task  # a key of FINETUNE_TASKS
+    config.task = task  # a key of tasks.TASKS
 
     config.data = ml_collections.ConfigDict()
     config.data.vocab = ""  # "": the init_from run's tokenizer (else bert-base-uncased); or a vocab.txt name/path

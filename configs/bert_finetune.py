@@ -42,15 +42,16 @@ init_from run's (data.vocab=""), else bert-base-uncased (mini and up pretrain wi
 import ml_collections
 
 from configs import base, bert
+from lm.data import tasks
 
 
 def get_config(variant: str = "sst2") -> ml_collections.ConfigDict:
     task, _, size = variant.partition("_")
     size = size or "mini"
-    if task not in base.FINETUNE_TASKS or size not in bert.VARIANTS:
+    if task not in tasks.TASKS or size not in bert.VARIANTS:
         raise ValueError(f"unknown variant {variant!r} of bert_finetune: use TASK or TASK_SIZE, TASK one of "
-                         f"{', '.join(base.FINETUNE_TASKS)} and SIZE one of {', '.join(bert.VARIANTS)}")
-    config = base.finetune(task)  # the task's row length and steps (configs/base.py FINETUNE_TASKS)
+                         f"{', '.join(tasks.TASKS)} and SIZE one of {', '.join(bert.VARIANTS)}")
+    config = base.finetune(task)  # the task's row length and steps (lm/data/tasks/__init__.py TASKS)
     # The encoder exactly as configs/bert.py pretrains it at this size (so init_from loads it).
     config.model = bert.get_config(size).model
     config.model.head_dropout = 0.1  # on the encoder's outputs, before the task head (BERT's classifier dropout)

@@ -1,6 +1,6 @@
 """BERT fine-tuning: the encoder of lm/models/bert.py under "bert" and one small task head under "head",
 trained end to end on one of four tasks (config.task; data in lm/data/tasks/<task>.py, scores in
-lm/task_metrics.py). The tasks are one table, configs/base.py FINETUNE_TASKS: each names its kind of head,
+lm/task_metrics.py). The tasks are one table, lm/data/tasks/__init__.py TASKS: each names its kind of head,
 which HEADS below maps to the class that builds and scores it, and the row length and steps its config
 starts from.
 
@@ -32,11 +32,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from configs.base import FINETUNE_TASKS
 from experiments.masked_lm import TOKENIZER_DIR  # <workdir>/tokenizer/tokenizer.json, as pretraining saves it
 from lm import task_metrics
 from lm.data import run_cache
-from lm.data.tasks import common
+from lm.data.tasks import TASKS, common
 from lm.data.wordpiece import TOKENIZER_FILE, WordPieceTokenizer
 from lm.errors import UserError, check_count
 from lm.layers.heads import PooledClassifier, RegressionHead, SpanHead, TokenTagger
@@ -186,15 +185,15 @@ class SpanExtraction(Task):
 
 
 HEADS = {"classification": SentenceClassification, "tagging": Tagging, "span": SpanExtraction,
-         "regression": Regression}  # the kinds of configs/base.py FINETUNE_TASKS
+         "regression": Regression}  # the kinds of lm/data/tasks/__init__.py TASKS
 
 
 def make_task(config: ml_collections.ConfigDict) -> Task:
-    """config.task's kind of head (configs/base.py FINETUNE_TASKS), reading lm/data/tasks/<task>.py."""
-    if config.task not in FINETUNE_TASKS:
-        raise UserError(f"task={config.task!r}: use one of {', '.join(FINETUNE_TASKS)}")
+    """config.task's kind of head (lm/data/tasks/__init__.py TASKS), reading lm/data/tasks/<task>.py."""
+    if config.task not in TASKS:
+        raise UserError(f"task={config.task!r}: use one of {', '.join(TASKS)}")
     source = importlib.import_module(f"lm.data.tasks.{config.task}")
-    return HEADS[FINETUNE_TASKS[config.task].head](source, config.data)
+    return HEADS[TASKS[config.task].head](source, config.data)
 
 
 class BertWithHead(nn.Module):
@@ -246,8 +245,8 @@ def find_tokenizer(config: ml_collections.ConfigDict) -> WordPieceTokenizer:
 class FineTune(Experiment):
 
     def __init__(self, config: ml_collections.ConfigDict, tokenizer: WordPieceTokenizer,
-                 splits: dict[str, Split] | None = None):
-        super().__init__(config)
+                 splits: dict[str, Split] | None = None, data_cache: run_cache.DataCache | None = None):
+        super().__init__(config, data_cache)
         self.tokenizer = tokenizer
         self.task = make_task(config)
         self.splits = splits or {}
@@ -295,6 +294,7 @@ class FineTune(Experiment):
         return flops_per_sequence(self.model.bert, active_params, self.config.data.max_seq_len, 0)
 
     def save_assets(self, workdir: pathlib.Path) -> None:
+        super().save_assets(workdir)
         self.tokenizer.save(workdir / TOKENIZER_DIR)
 
     def final_results(self, params, evaluate, workdir: pathlib.Path) -> dict[str, float]:
@@ -316,7 +316,8 @@ def build(config: ml_collections.ConfigDict, workdir: pathlib.Path | None = None
         check_count(config.data, key, "examples")
     tokenizer = find_tokenizer(config)
     key = run_cache.digest(config.task, config.data, run_cache.saved_digest(tokenizer.save))
-    return FineTune(config, tokenizer, run_cache.cached(workdir, "splits", key, lambda: load_splits(config, tokenizer)))
+    cache = run_cache.DataCache(workdir)
+    return FineTune(config, tokenizer, cache.get("splits", key, lambda: load_splits(config, tokenizer)), cache)
 
 
 def load_splits(config: ml_collections.ConfigDict, tokenizer: WordPieceTokenizer) -> dict[str, Split]:

@@ -172,8 +172,10 @@ class ImageClassification(Experiment):
         return results
 
 
-def build(config: ml_collections.ConfigDict) -> ImageClassification:
-    """Reads CIFAR-10 and splits the training set into train and val (data.num_val, data.split_seed)."""
+def build(config: ml_collections.ConfigDict, workdir: pathlib.Path | None = None) -> ImageClassification:
+    """Reads CIFAR-10 and splits the training set into train and val (data.num_val, data.split_seed). The
+    workdir (where the other experiments keep what they fit and tokenise) is not needed: images are read
+    as they are."""
     if config.data.dataset != "cifar10":
         raise UserError(f"data.dataset={config.data.dataset!r}: only 'cifar10' is supported")
     train_images, train_labels = images.load_cifar10("train")

@@ -44,11 +44,12 @@ class LanguageModel(Experiment):
         tokenizer: text.CharTokenizer | bpe.BPETokenizer | None,
         train_tokens: np.ndarray | None = None,
         val_tokens: np.ndarray | None = None,
+        data_cache: run_cache.DataCache | None = None,
     ):
         """tokenizer: the character vocabulary of a text corpus, a token file's (data.tokenizer), or None
         for token ids without one (whose vocabulary is data.vocab_size). train_tokens, val_tokens: (N,)
         ids (memory-mapped for a token file; None for synthetic ids and for sampling)."""
-        super().__init__(config)
+        super().__init__(config, data_cache)
         self.tokenizer = tokenizer
         self.train_tokens = train_tokens
         self.val_tokens = val_tokens
@@ -99,6 +100,7 @@ class LanguageModel(Experiment):
         return flops_per_token(self.model.config, active_params) * self.config.data.context_length
 
     def save_assets(self, workdir: pathlib.Path) -> None:
+        super().save_assets(workdir)
         if self.tokenizer is not None:  # token ids without data.tokenizer: nothing to decode them with
             self.tokenizer.save(workdir / TOKENIZER_FILE)
 
@@ -152,9 +154,10 @@ def build(config: ml_collections.ConfigDict, workdir: pathlib.Path | None = None
         raise UserError(f"data.tokenizer is for data.dataset='token_file' (the ids it wrote), not "
                         f"{d.dataset!r}: drop data.tokenizer")
     if d.dataset in text.DATASETS:
-        tokenizer, ids = text_ids(config, workdir)
+        cache = run_cache.DataCache(workdir)
+        tokenizer, ids = text_ids(config, workdir, cache)
         encode_prompt(tokenizer, config.sample.prompt, "--config.sample.prompt")
-        return LanguageModel(config, tokenizer, *text.split_tokens(ids, d.train_fraction))
+        return LanguageModel(config, tokenizer, *text.split_tokens(ids, d.train_fraction), data_cache=cache)
     if d.dataset not in TOKEN_SOURCES:
         raise UserError(f"data.dataset={d.dataset!r}: use one of {', '.join([*text.DATASETS, *TOKEN_SOURCES])}")
     vocab_size = d.get("vocab_size")
@@ -176,14 +179,15 @@ def build(config: ml_collections.ConfigDict, workdir: pathlib.Path | None = None
     return LanguageModel(config, tokenizer, *opened)
 
 
-def text_ids(config: ml_collections.ConfigDict, workdir: pathlib.Path | None) -> tuple[text.CharTokenizer, np.ndarray]:
+def text_ids(config: ml_collections.ConfigDict, workdir: pathlib.Path | None,
+             cache: run_cache.DataCache) -> tuple[text.CharTokenizer, np.ndarray]:
     """The character vocabulary of the data.dataset text and the text as ids (N,): fitted and encoded, or
-    for a resumed run the vocabulary saved in workdir and the ids cached there (lm/data/run_cache.py)."""
+    for a resumed run the vocabulary saved in workdir and the ids in its cache (lm/data/run_cache.py)."""
     corpus = functools.cache(lambda: text.load_text(config.data.dataset))  # read only if needed, once
     tokenizer = run_cache.saved_or_fitted(workdir, config, TOKENIZER_FILE, text.CharTokenizer.load,
                                           lambda: text.CharTokenizer.fit(corpus()))
     key = run_cache.digest(config.data, tokenizer.chars)
-    return tokenizer, run_cache.cached(workdir, "tokens", key, lambda: tokenizer.encode(corpus()))
+    return tokenizer, cache.get("tokens", key, lambda: tokenizer.encode(corpus()))
 
 
 def token_file_tokenizer(data: ml_collections.ConfigDict) -> bpe.BPETokenizer:

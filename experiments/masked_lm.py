@@ -31,9 +31,10 @@ class MaskedLM(Experiment):
     unit = "tokens"  # sequence positions, padding included
 
     def __init__(self, config: ml_collections.ConfigDict, tokenizer: WordPieceTokenizer,
-                 train_pairs: list[masked_lm.Pair] | None = None, eval_pairs: list[masked_lm.Pair] | None = None):
+                 train_pairs: list[masked_lm.Pair] | None = None, eval_pairs: list[masked_lm.Pair] | None = None,
+                 data_cache: run_cache.DataCache | None = None):
         """train_pairs, eval_pairs: the pairs of the training and held-out documents (None to predict)."""
-        super().__init__(config)
+        super().__init__(config, data_cache)
         self.tokenizer = tokenizer
         self.train_pairs, self.eval_pairs = train_pairs or [], eval_pairs or []
         self.model = BertForPretraining(bert_config(config.model, tokenizer.vocab_size))
@@ -80,6 +81,7 @@ class MaskedLM(Experiment):
         return flops_per_sequence(self.model.config, active_params, d.max_seq_len, d.max_predictions)
 
     def save_assets(self, workdir: pathlib.Path) -> None:
+        super().save_assets(workdir)
         self.tokenizer.save(workdir / TOKENIZER_DIR)
 
     def export_vocabulary(self) -> tuple[int, WordPieceTokenizer]:
@@ -117,9 +119,9 @@ def build(config: ml_collections.ConfigDict, workdir: pathlib.Path | None = None
     tokenizer = run_cache.saved_or_fitted(workdir, config, TOKENIZER_DIR, WordPieceTokenizer.load,
                                           lambda: fit_tokenizer(d, documents))
     key = run_cache.digest(d, config.seed, run_cache.saved_digest(tokenizer.save))
-    train_pairs, eval_pairs = run_cache.cached(workdir, "pairs", key,
-                                               lambda: make_pairs(config, tokenizer, *documents()))
-    return MaskedLM(config, tokenizer, train_pairs, eval_pairs)
+    cache = run_cache.DataCache(workdir)
+    train_pairs, eval_pairs = cache.get("pairs", key, lambda: make_pairs(config, tokenizer, *documents()))
+    return MaskedLM(config, tokenizer, train_pairs, eval_pairs, cache)
 
 
 def split_documents(data: ml_collections.ConfigDict) -> tuple[list[list[str]], list[list[str]]]:

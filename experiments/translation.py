@@ -55,8 +55,9 @@ class Translation(Experiment):
     unit = "tokens"  # target tokens; throughput counts the mean per sentence (batches vary in length)
 
     def __init__(self, config: ml_collections.ConfigDict, source_tokenizer, target_tokenizer,
-                 splits: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] | None = None):
-        super().__init__(config)
+                 splits: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] | None = None,
+                 data_cache: run_cache.DataCache | None = None):
+        super().__init__(config, data_cache)
         self.source_tokenizer, self.target_tokenizer = source_tokenizer, target_tokenizer
         self.splits = splits or {}
         self.model = build_model(config, source_tokenizer.vocab_size, target_tokenizer.vocab_size)
@@ -116,6 +117,7 @@ class Translation(Experiment):
         return 6 * active_params * self.units_per_example
 
     def save_assets(self, workdir: pathlib.Path) -> None:
+        super().save_assets(workdir)
         translation.save_tokenizers(workdir, self.source_tokenizer, self.target_tokenizer)
 
     def translate(self, params, sentences: Sequence[str], beam_size: int = 1, length_penalty: float = 0.6) -> list[str]:
@@ -245,9 +247,10 @@ def build(config: ml_collections.ConfigDict, workdir: pathlib.Path | None = None
                                              model_type=d.sentencepiece_model, min_freq=d.min_freq),
     )
     key = run_cache.digest(d, run_cache.saved_digest(lambda folder: translation.save_tokenizers(folder, *tokenizers)))
-    splits = run_cache.cached(workdir, "splits", key, lambda: {
+    cache = run_cache.DataCache(workdir)
+    splits = cache.get("splits", key, lambda: {
         split: translation.encode_pairs(*sides, *tokenizers) for split, sides in pairs().items()})
-    return Translation(config, *tokenizers, splits)
+    return Translation(config, *tokenizers, splits, cache)
 
 
 def read_pairs(data: ml_collections.ConfigDict) -> dict[str, tuple[list[str], list[str]]]:

@@ -62,7 +62,7 @@ class Regression(Experiment):
         return {"test_mse": evaluate([examples(np.random.default_rng([10**7]), 64, d.dim, d.noise)])["mse"]}
 
 
-def build(config):
+def build(config, workdir):
     return Regression(config)
 
 
@@ -151,7 +151,7 @@ def test_an_experiment_module_that_is_missing_or_incomplete_is_one_line(tmp_path
     from lm.cli.resolve import find_experiment
     from lm.errors import UserError
 
-    (tmp_path / "halfdone.py").write_text("def build(config):\n    return None\n")
+    (tmp_path / "halfdone.py").write_text("def build(config, workdir):\n    return None\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(UserError, match="no module 'nowhere.toy' can be imported; use a built-in"):
         find_experiment("nowhere.toy")

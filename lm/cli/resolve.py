@@ -2,8 +2,8 @@
 
 config.experiment is a built-in's short name (BUILT_IN: experiments/<name>.py) or the dotted path of
 any importable module, e.g. `mypkg.tasks.toy` from the user's own package (installed, on PYTHONPATH,
-or under the folder the command runs in). The module defines build(config) and from_workdir(config,
-workdir) (lm/train/experiment.py); the commands hand its build to the trainer.
+or under the folder the command runs in). The module defines build(config, workdir) and
+from_workdir(config, workdir) (lm/train/experiment.py); the commands hand its build to the trainer.
 """
 
 import importlib
@@ -47,13 +47,13 @@ def find_experiment(name: str) -> ModuleType:
     missing = [f for f in MODULE_FUNCTIONS if not callable(getattr(module, f, None))]
     if missing:
         raise UserError(f"experiment={name!r}: {module.__file__} defines no {' and no '.join(missing)}; an "
-                        "experiment module defines build(config) and from_workdir(config, workdir)")
+                        "experiment module defines build(config, workdir) and from_workdir(config, workdir)")
     return module
 
 
-def build_experiment(config: ml_collections.ConfigDict) -> "Experiment":
-    """The experiment of config.experiment, built from config (what the trainer calls)."""
-    return find_experiment(config.experiment).build(config)
+def build_experiment(config: ml_collections.ConfigDict, workdir: pathlib.Path | None = None) -> "Experiment":
+    """The experiment of config.experiment, built from config for a run in workdir (None: outside a run)."""
+    return find_experiment(config.experiment).build(config, workdir)
 
 
 def load_run(workdir: pathlib.Path, needs: str):

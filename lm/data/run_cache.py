@@ -4,9 +4,9 @@ reads it back instead of deriving it again:
   saved_or_fitted  the tokenizer: the one an earlier run of the workdir saved there (its config.json has
                    the same experiment and data options, so fitting again would give it, and its
                    checkpoints were trained with it), else a freshly fitted one
-  cached           the tokenised corpus: <workdir>/data_cache/<name>-<key>.pkl, the key a digest of all it
+  DataCache        the tokenised corpus: <workdir>/data_cache/<name>-<key>.pkl, the key a digest of all it
                    is made from (config.data, the tokenizer, ...), so that a changed data option or
-                   tokenizer misses the cache and replaces the entry
+                   tokenizer misses the cache and replaces the entry (written once the run's checks pass)
 
 build(config, workdir=None) without a workdir (tests, benchmarks, the dry run) fits and tokenises every
 time. The cache files are pickles that this code wrote into the run's own folder, read back only from there.
@@ -71,25 +71,40 @@ def saved_digest(save: Callable[[pathlib.Path], None]) -> str:
         return digest(*[part for path in files for part in (str(path.relative_to(folder)), path.read_bytes())])
 
 
-def cached(workdir: pathlib.Path | None, name: str, key: str, make: Callable[[], T]) -> T:
-    """make(), or what it returned to an earlier build in workdir with the same key (a digest of all it
-    depends on). Kept in <workdir>/data_cache/<name>-<key>.pkl, written by process 0, which deletes the
-    entries of other keys; every process reads it. Without a workdir: make()."""
-    if not workdir:
-        return make()
-    folder = pathlib.Path(workdir) / DATA_CACHE_DIR
-    path = folder / f"{name}-{key}.pkl"
-    if path.is_file():
-        print(f"{name}: {path}, cached by an earlier run of this workdir")
-        with path.open("rb") as f:
-            return pickle.load(f)
-    value = make()
-    if is_primary():
-        folder.mkdir(parents=True, exist_ok=True)
-        for stale in folder.glob(f"{name}-*.pkl"):
-            stale.unlink()
-        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
-        with partial.open("wb") as f:
-            pickle.dump(value, f, protocol=pickle.HIGHEST_PROTOCOL)
-        partial.replace(path)  # whole or not at all, for a run stopped while writing
-    return value
+class DataCache:
+    """What build() derives from the data (token ids, pairs, encoded splits), by name, each with a key (a
+    digest of all it is made from): read from <workdir>/data_cache/<name>-<key>.pkl when an earlier run of
+    the workdir wrote it, made otherwise. save(workdir) writes what was made; the trainer calls it (through
+    Experiment.save_assets) once every check has passed, so that a run a check stops leaves the workdir as
+    it was. Without a workdir everything is made."""
+
+    def __init__(self, workdir: pathlib.Path | None):
+        self.folder = pathlib.Path(workdir) / DATA_CACHE_DIR if workdir else None
+        self.made: dict[str, tuple[str, object]] = {}  # name -> (key, value) of what get() made
+
+    def get(self, name: str, key: str, make: Callable[[], T]) -> T:
+        """The cached value of name under key, else make() (kept for save)."""
+        path = self.folder / f"{name}-{key}.pkl" if self.folder else None
+        if path is not None and path.is_file():
+            print(f"{name}: {path}, cached by an earlier run of this workdir")
+            with path.open("rb") as f:
+                return pickle.load(f)
+        value = make()
+        self.made[name] = (key, value)
+        return value
+
+    def save(self, workdir: pathlib.Path) -> None:
+        """Writes what get() made into <workdir>/data_cache (process 0 only), each entry replacing its
+        name's entries of other keys; whole files or none, for a run stopped while writing."""
+        if is_primary():
+            folder = pathlib.Path(workdir) / DATA_CACHE_DIR
+            for name, (key, value) in self.made.items():
+                folder.mkdir(parents=True, exist_ok=True)
+                for stale in folder.glob(f"{name}-*.pkl"):
+                    stale.unlink()
+                path = folder / f"{name}-{key}.pkl"
+                partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+                with partial.open("wb") as f:
+                    pickle.dump(value, f, protocol=pickle.HIGHEST_PROTOCOL)
+                partial.replace(path)
+        self.made = {}

@@ -17,7 +17,7 @@ from lm.train.setup import MakeExperiment, build
 
 def dry_run(config: ml_collections.ConfigDict, make_experiment: MakeExperiment,
             devices: list[jax.Device] | None = None) -> dict[str, float]:
-    """Compiles the train step of make_experiment(config) for config's mesh and one global batch, prints
+    """Compiles the train step of make_experiment(config, None) for config's mesh and one global batch, prints
     what a step costs and returns it, training and writing nothing: parameters (total, active), per-device memory of the
     compiled step (XLA's memory analysis: arguments, outputs, temporaries, generated code), FLOPs
     per step (XLA's count for one device's program; the model estimate for the whole batch) and the

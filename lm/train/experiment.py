@@ -3,7 +3,9 @@
 An experiment is any importable module with two functions (config.experiment names it: a built-in's
 short name, such as `language_model`, or a dotted module path, such as `mypkg.tasks.toy`):
 
-  build(config) -> Experiment                  the task, ready to train (reads its data)
+  build(config, workdir) -> Experiment         the task, ready to train (reads its data; workdir: the run
+                                               folder, where an earlier attempt saved what it may reuse,
+                                               or None outside a run)
   from_workdir(config, workdir) -> Experiment  the task of a trained run, for the inference commands
                                                (its saved assets, no training data)
 
@@ -24,6 +26,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from lm.data.run_cache import DataCache
 from lm.layers.moe import parameter_counts
 
 Batch = dict[str, np.ndarray]
@@ -55,8 +58,10 @@ class Experiment(abc.ABC):
     unit: str = "examples"  # what a batch counts, for throughput: "tokens", "images", ...
     units_per_example: int = 1  # e.g. the context length for a language model
 
-    def __init__(self, config: ml_collections.ConfigDict):
+    def __init__(self, config: ml_collections.ConfigDict, data_cache: DataCache | None = None):
+        """data_cache: what build() derived from the data, written into the run folder by save_assets."""
         self.config = config
+        self.data_cache = data_cache
 
     @abc.abstractmethod
     def init(self, rng: jax.Array) -> dict:
@@ -116,8 +121,12 @@ class Experiment(abc.ABC):
         moe = self.config.get("model", {}).get("moe")
         return parameter_counts(params, moe.top_k if moe else 1)[1]
 
-    def save_assets(self, workdir: pathlib.Path) -> None:  # noqa: B027 (a default, not an abstract method)
-        """Writes what later commands need besides the checkpoint (tokenizers, ...). Default: nothing."""
+    def save_assets(self, workdir: pathlib.Path) -> None:
+        """Writes what later commands and a resumed run need besides the checkpoint, once every check of the
+        run has passed: here the data cache (build's tokenised data); a subclass adds its tokenizers, say,
+        and calls this too."""
+        if self.data_cache is not None:
+            self.data_cache.save(workdir)
 
     def export_vocabulary(self) -> tuple[int | None, Any]:
         """For `lm export`: (the vocabulary size, a tokenizer to write beside the weights or None).

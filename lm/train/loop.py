@@ -135,17 +135,17 @@ def train(
     config: ml_collections.ConfigDict, workdir: str, make_experiment: MakeExperiment,
     devices: list[jax.Device] | None = None,
 ) -> dict[str, float]:
-    """Trains make_experiment(config) to config.train.num_steps on devices (default: all); returns the last evaluators'
-    metrics (prefixed with their names: eval_loss, ...) and run facts. Raises Stopped when SIGTERM or
-    SIGINT ended it early (after saving a checkpoint). A second run on the same workdir stops at once
-    (lm.train.lock)."""
+    """Trains make_experiment(config, workdir) to config.train.num_steps on devices (default: all); returns
+    the last evaluators' metrics (prefixed with their names: eval_loss, ...) and run facts. Raises Stopped
+    when SIGTERM or SIGINT ended it early (after saving a checkpoint). A second run on the same workdir
+    stops at once (lm.train.lock)."""
     # The lock first: a second run stops before it reads any data. A run that a check stops leaves no folder.
     with prepared_directory(workdir) as workdir_path, workdir_lock(workdir_path, jax.process_index()):
         finished_step = finished_run_step(config, workdir_path)
         if finished_step is not None:  # the same command again: nothing to load or compile
             print(nothing_to_do(finished_step, config.train.num_steps))
             return {"step": finished_step}
-        setup = build(config, make_experiment, devices)
+        setup = build(config, make_experiment, devices, workdir_path)
         with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
             summary = _train_locked(setup, workdir_path)
     stopped_by = summary.pop("stopped_by", None)

@@ -54,7 +54,9 @@ class Setup:
         return process_train_data(self.config, self.experiment, self.mesh, start_step)
 
 
-MakeExperiment = Callable[[ml_collections.ConfigDict], Experiment]  # an experiment module's build
+# An experiment module's build(config, workdir): workdir is the run folder (None outside a run), where it
+# finds what an earlier attempt of the run saved (its tokenizer, its data cache).
+MakeExperiment = Callable[[ml_collections.ConfigDict, pathlib.Path | None], Experiment]
 
 
 def prepare_directory(directory: str, option: str = "--workdir") -> pathlib.Path:
@@ -208,9 +210,9 @@ def restore_params(config: ml_collections.ConfigDict, experiment: Experiment, wo
 
 
 def build(config: ml_collections.ConfigDict, make_experiment: MakeExperiment,
-          devices: list[jax.Device] | None) -> Setup:
-    """The Setup of config on devices (default: all), its experiment from make_experiment(config) (the
-    build of the module config.experiment names: the `lm` command resolves it), after checking that
+          devices: list[jax.Device] | None, workdir: pathlib.Path | None = None) -> Setup:
+    """The Setup of config on devices (default: all), its experiment from make_experiment(config, workdir)
+    (the build of the module config.experiment names: the `lm` command resolves it), after checking that
     the mesh fits the devices and divides the batch; turns on (and names) the compilation cache of
     train.compilation_cache_dir, before anything is compiled."""
     if config.train.on_nonfinite not in ("stop", "skip"):
@@ -224,6 +226,6 @@ def build(config: ml_collections.ConfigDict, make_experiment: MakeExperiment,
     mesh = sharding.make_mesh(config.mesh.to_dict(), devices)
     sharding.check_batch(config.train.batch_size, config.train.grad_accum_steps, mesh)
     rules = sharding.logical_rules(config.sharding_rules)
-    experiment = make_experiment(config)
+    experiment = make_experiment(config, workdir)
     optimizer = make_optimizer(config.optimizer)
     return Setup(config, mesh, rules, experiment, optimizer, state_builder(experiment, optimizer))
