@@ -13,6 +13,7 @@ Every process runs the same `lm train ...` command. Before jax touches a device,
 import os
 
 import jax
+from jax.experimental import multihost_utils
 
 from lm.errors import UserError
 
@@ -82,3 +83,10 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
 def is_primary() -> bool:
     """Process 0 writes the files every process could write (logs, results, plots)."""
     return jax.process_index() == 0
+
+
+def host_local(tree):
+    """tree, with arrays this process can compute with on its own: as it is with one process; with
+    several, each array gathered whole into host memory (so sampling and decoding after training
+    run locally on every process, not as collectives)."""
+    return tree if jax.process_count() == 1 else multihost_utils.process_allgather(tree, tiled=True)

@@ -4,12 +4,14 @@ The config checks run in this process, on lm train's path after flag parsing (tr
 tests run the real commands in subprocesses, for what only a process shows: flag parsing and app.run's
 wiring, exit codes of signals, a fresh process's devices and compilation cache."""
 
+import json
 import os
 import signal
 import subprocess
 import sys
 
 import jax
+import numpy as np
 import pytest
 from absl import flags
 from conftest import REPO, subprocess_env
@@ -231,3 +233,23 @@ def test_lm_help_lists_every_command_and_an_unknown_one_is_one_line():
     assert unknown.returncode == 2
     assert unknown.stderr.splitlines() == ["error: unknown command 'trian': use one of train, sample, eval, export, "
                                            "prepare, sweep, compare, translate (lm --help says what each does)"]
+
+
+def test_eval_scores_a_checkpoint_as_the_trainer_did(trained_run, tmp_path, capsys):
+    """`lm eval` on the shared 40-step run: the eval loss its trainer logged at step 40 and the held-out
+    results it wrote, again, in <out>/eval.json; a step without a checkpoint is one line."""
+    from lm.cli import eval as eval_cli
+
+    _, workdir, summary = trained_run
+    result = main_in_process(capsys, eval_cli, f"--workdir={workdir}", f"--out={tmp_path}")
+    assert result.returncode == 0, result.stderr
+    written = json.loads((tmp_path / "eval.json").read_text())
+    trained = json.loads((workdir / "results.json").read_text())
+    assert written["step"] == trained["step"] == 40
+    np.testing.assert_allclose(written["eval_loss"], summary["eval_loss"], rtol=1e-5)
+    assert trained.keys() - {"step"} and trained.keys() <= written.keys()
+    for key in trained.keys() - {"step"}:
+        np.testing.assert_allclose(written[key], trained[key], rtol=1e-5)
+    missing = main_in_process(capsys, eval_cli, f"--workdir={workdir}", "--step=7", f"--out={tmp_path / 'x'}")
+    assert_user_error(missing, "--step=7: ", "holds the checkpoints of steps")
+    assert not (tmp_path / "x").exists()

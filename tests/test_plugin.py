@@ -140,6 +140,12 @@ def test_an_experiment_from_the_users_package_trains_resumes_sweeps_and_compares
     assert (tmp_path / "runs/sweep/report.md").is_file()
     assert "test_mse" in compared.stdout, compared.stdout
 
+    evaluated = lm_command(tmp_path, "eval", f"--workdir={seed0}")  # the checkpoint, scored again
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    scores = json.loads((seed0 / "eval_40/eval.json").read_text())
+    np.testing.assert_allclose(scores["test_mse"], results["test_mse"], rtol=1e-5)
+    np.testing.assert_allclose(scores["eval_mse"], straight[40]["eval_mse"], rtol=1e-5)
+
     # a command the experiment has no method for: one line, exit 2
     sampled = lm_command(tmp_path, "sample", f"--workdir={seed0}")
     assert sampled.returncode == 2

@@ -15,7 +15,8 @@ from experiments.translation import Translation, build
 from lm.cli.resolve import build_experiment
 from lm.data import translation
 from lm.errors import UserError
-from lm.train.loop import mean_metrics, train
+from lm.train.loop import train
+from lm.train.metrics import mean_metrics
 
 
 def get_config(name: str, variant: str = "test"):

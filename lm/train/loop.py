@@ -25,20 +25,19 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from lm import sharding
-from lm.distributed import is_primary
+from lm.distributed import host_local, is_primary
 from lm.errors import UserError
 from lm.layers.moe import parameter_counts
 from lm.runs import CONFIG_FILE, METRICS_FILE, RESULTS_FILE, SUMMARY_FILE
 from lm.train import init_from
 from lm.train.checkpoint import Checkpointer
 from lm.train.compiled import CompiledPerShape, compile_in_parallel
-from lm.train.experiment import Evaluation, Evaluator
+from lm.train.evaluate import Evaluations
 from lm.train.flops import peak_flops_per_device
 from lm.train.lock import workdir_lock
-from lm.train.metrics import MetricWriter, drop_logs, format_duration, truncate_log
+from lm.train.metrics import MetricWriter, drop_logs, format_duration, mean_metrics, truncate_log
 from lm.train.prefetch import DevicePrefetcher
 from lm.train.setup import MakeExperiment, Setup, build, checkpoint_directory, prepared_directory
-from lm.train.step import make_eval_step
 
 
 class Stopped(Exception):
@@ -108,27 +107,6 @@ def steps_until_boundary(step: int, steps_per_dispatch: int, num_steps: int, int
     next multiple of an interval (a log, eval or checkpoint step) or at num_steps."""
     boundary = min([num_steps] + [(step // every + 1) * every for every in intervals])
     return min(steps_per_dispatch, boundary - step)
-
-
-def host_local(tree):
-    """tree, with arrays this process can compute with on its own: as it is with one process; with
-    several, each array gathered whole into host memory (so sampling and decoding after training
-    run locally on every process, not as collectives)."""
-    return tree if jax.process_count() == 1 else multihost_utils.process_allgather(tree, tiled=True)
-
-
-def mean_metrics(metrics_list: list[dict], weights: list | None = None) -> dict[str, float]:
-    """The (weighted) mean of each metric over a list of metric dicts. A metric is a scalar or an
-    (n,) array (n steps' values), each value weighted with its dict's weight (default 1)."""
-    host, weights = jax.device_get((metrics_list, weights))
-    weights = np.ones(len(host)) if weights is None else np.asarray(weights, np.float64)
-
-    def mean(key: str) -> float:
-        values = [np.ravel(m[key]) for m in host]
-        value_weights = [np.full(len(v), w) for v, w in zip(values, weights, strict=True)]
-        return float(np.average(np.concatenate(values), weights=np.concatenate(value_weights)))
-
-    return {k: mean(k) for k in host[0]}
 
 
 def train(
@@ -243,45 +221,16 @@ class Trainer:
                  workdir: pathlib.Path):
         self.setup, self.config, self.tcfg = setup, setup.config, setup.config.train
         self.checkpointer, self.writer, self.workdir = checkpointer, writer, workdir
-        experiment = setup.experiment
         self.batch_sharding = sharding.batch_sharding(setup.mesh)
         self.train_step = CompiledPerShape(setup.jit_train_step(state_shardings))
-        self.eval_step = CompiledPerShape(jax.jit(
-            make_eval_step(experiment.loss, experiment.eval_weight, experiment.eval_outputs),
-            in_shardings=(state_shardings.params, self.batch_sharding),
-        ), "eval step")
-        self.eval_batches = list(experiment.eval_data())
-        self.evaluators = [Evaluator("eval", self.config.eval.every,
-                                     lambda params: self.evaluate_batches(params, self.eval_batches)),
-                           *experiment.evaluators()]
-
-    def evaluate_batches(self, params, batches) -> Evaluation:
-        """Weighted mean metrics (per real token, say, not per padded batch) of global batches, and the
-        experiment's eval outputs of all their rows, in order, gathered whole onto every process."""
-        steps = [self.eval_step(params, sharding.place_batch(b, self.setup.mesh)) for b in batches]
-        metrics, weights, outputs = zip(*steps, strict=True)
-        rows = jax.tree.map(lambda *parts: np.concatenate(parts), *jax.device_get(host_local(list(outputs))))
-        return Evaluation(mean_metrics(list(metrics), list(weights)), rows)
+        self.evaluations = Evaluations(setup, state_shardings.params)
 
     def evaluate(self, step: int, state, elapsed_seconds: float) -> dict[str, float]:
-        """The evaluators due at step (all of them at step 0 and at the last step): their metrics, named
-        <evaluator>_<metric>, and the experiment's eval_scores of the eval pass's outputs (named as it
-        names them), written, and printed (the loss if there is one, else all). The experiment's
-        evaluators get host-local params."""
+        """The evaluators due at step (all of them at step 0 and at the last step): their metrics
+        (Evaluations.run), printed and written."""
         last = step == self.tcfg.num_steps
-        due = [e for e in self.evaluators if e.every and (step % e.every == 0 or last)]
-        results = {}
-        for evaluator in due:
-            params = state.params if evaluator.name == "eval" else host_local(state.params)
-            metrics = evaluator.evaluate(params)
-            shown = {"loss": metrics["loss"]} if "loss" in metrics else metrics
-            print(f"step {step:>6} | " + " | ".join(f"{evaluator.name} {k} {v:.4f}" for k, v in shown.items()))
-            results.update({f"{evaluator.name}_{k}": v for k, v in metrics.items()})
-            if evaluator.name == "eval":  # the task's scores, from the same pass
-                scores = self.setup.experiment.eval_scores(metrics.outputs)
-                if scores:
-                    print(f"step {step:>6} | " + " | ".join(f"{k} {v:.4f}" for k, v in scores.items()))
-                results.update(scores)
+        due = [e for e in self.evaluations.evaluators if e.every and (step % e.every == 0 or last)]
+        results = self.evaluations.run(due, state.params, prefix=f"step {step:>6} | ")
         if results:
             # elapsed_seconds: wall time since this segment's loop started (compiles included), for
             # time-to-accuracy curves
@@ -298,7 +247,7 @@ class Trainer:
         compile_in_parallel(
             [(self.train_step, state, (variant,) * group)
              for variant in self.setup.experiment.batch_variants(abstract(first_batch))]
-            + [(self.eval_step, state.params, abstract(b)) for b in self.eval_batches]
+            + [(self.evaluations.eval_step, state.params, abstract(b)) for b in self.evaluations.eval_batches]
         )
 
     def run(self, state, batches, start_step: int, stop: StopSignal) -> dict[str, float]:
@@ -329,7 +278,7 @@ class Trainer:
         skipped = 0
         interval_start, interval_steps = time.perf_counter(), 0
         stopping = False
-        boundaries = (tcfg.log_every, tcfg.checkpoint_every, *(e.every for e in self.evaluators if e.every))
+        boundaries = (tcfg.log_every, tcfg.checkpoint_every, *(e.every for e in self.evaluations.evaluators if e.every))
         # Nothing here waits for the devices between log, eval and checkpoint steps: the device values
         # (metrics, NaN flags) are read there, and the host runs ahead, dispatching the next steps.
         while step < tcfg.num_steps and not stopping:
@@ -376,7 +325,7 @@ class Trainer:
         summary = {"step": step, **last_eval, "num_params": num_params, "active_params": active_params,
                    "skipped_steps": skipped}
         if self.train_step.compiled:  # this segment trained (a rerun of a finished run does not)
-            summary["compile_seconds"] = self.train_step.seconds + self.eval_step.seconds
+            summary["compile_seconds"] = self.train_step.seconds + self.evaluations.eval_step.seconds
             summary["train_seconds"] = time.perf_counter() - loop_start  # compiles, evals, checkpoints included
         if stopping:
             return {**summary, "stopped_by": stop.received}
@@ -385,14 +334,11 @@ class Trainer:
     def finish(self, state, step: int) -> dict[str, float]:
         """After the last step: the experiment's texts (samples, translations) and its held-out results
         (written to results.json)."""
-        experiment = self.setup.experiment
-        params = host_local(state.params)
-        texts = experiment.texts(params)
+        texts = self.setup.experiment.texts(host_local(state.params))
         self.writer.write_texts(step, texts)
         for name, text in texts.items():
             print(f"--- {name} ---\n{text}")
-        results = experiment.final_results(params, lambda batches: self.evaluate_batches(state.params, batches),
-                                           self.workdir)
+        results = self.evaluations.final_results(state.params, self.workdir)
         if is_primary():
             (self.workdir / RESULTS_FILE).write_text(json.dumps({"step": step, **results}, indent=2))
         if results:

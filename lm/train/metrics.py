@@ -5,6 +5,7 @@ import json
 import pathlib
 
 import jax
+import numpy as np
 
 from lm.runs import METRICS_FILE
 
@@ -46,6 +47,20 @@ def drop_logs(workdir: pathlib.Path) -> None:
     (workdir / METRICS_FILE).unlink(missing_ok=True)
     for events in (workdir / TENSORBOARD_DIR).glob("events.out.tfevents.*"):
         events.unlink()
+
+
+def mean_metrics(metrics_list: list[dict], weights: list | None = None) -> dict[str, float]:
+    """The (weighted) mean of each metric over a list of metric dicts. A metric is a scalar or an
+    (n,) array (n steps' values), each value weighted with its dict's weight (default 1)."""
+    host, weights = jax.device_get((metrics_list, weights))
+    weights = np.ones(len(host)) if weights is None else np.asarray(weights, np.float64)
+
+    def mean(key: str) -> float:
+        values = [np.ravel(m[key]) for m in host]
+        value_weights = [np.full(len(v), w) for v, w in zip(values, weights, strict=True)]
+        return float(np.average(np.concatenate(values), weights=np.concatenate(value_weights)))
+
+    return {k: mean(k) for k in host[0]}
 
 
 class MetricWriter:
