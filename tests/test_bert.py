@@ -261,7 +261,7 @@ def test_pretraining_on_an_8_device_mesh_matches_one_device(data_dir):
         config.data.max_documents = 6
         config.model.update(num_layers=1, dropout=0.1)
         config.mesh.update(**mesh)
-        setup = build(config, devices)
+        setup = build(config, build_experiment, devices)
         with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
             _, shardings = setup.abstract_state()
             state, train_step = setup.init_state(shardings), setup.jit_train_step(shardings)

@@ -190,7 +190,7 @@ def test_scores_from_the_sharded_eval_pass_equal_a_direct_computation(data_dir, 
     from configs import bert_finetune
     from experiments import finetune
     from lm.train import setup
-    from lm.train.loop import Trainer
+    from lm.train.evaluate import Evaluations
 
     config = bert_finetune.get_config(f"{task}_tiny")
     config.model.num_layers = 1  # (less to compile)
@@ -202,11 +202,11 @@ def test_scores_from_the_sharded_eval_pass_equal_a_direct_computation(data_dir, 
     with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.rules):
         _, state_shardings = run.abstract_state()
         params = run.init_state(state_shardings).params
-        trainer = Trainer(run, state_shardings, checkpointer=None, writer=None, workdir=None)
-        evaluation = trainer.evaluate_batches(params, trainer.eval_batches)
-        final = experiment.final_results(params, lambda batches: trainer.evaluate_batches(params, batches), None)
+        evaluations = Evaluations(run, state_shardings.params)
+        evaluation = evaluations.evaluate_batches(params, evaluations.eval_batches)
+        final = evaluations.final_results(params, None)
     rows = experiment.splits[dev].rows
-    padded = len(trainer.eval_batches) * config.eval.batch_size
+    padded = len(evaluations.eval_batches) * config.eval.batch_size
     assert len(evaluation.outputs["valid"]) == padded > len(rows["tokens"]) == evaluation.outputs["valid"].sum()
 
     outputs = experiment.model.apply({"params": jax.device_get(params)}, rows)  # every row, one device

@@ -1,5 +1,6 @@
 """Imports run down the layers only (docs/architecture.md): layers -> models -> experiments -> trainer
--> commands, read from the source with ast (every import, a function's lazy ones too)."""
+-> commands, and no module imports itself through others (a cycle); read from the source with ast (every
+import, a function's lazy ones too)."""
 
 import ast
 import pathlib
@@ -71,3 +72,39 @@ def test_the_layering_check_sees_an_upward_import(tmp_path):
     modules = project_modules()
     assert imports(path, modules) == {"lm.train.setup", "experiments.translation"}
     assert layer("lm.train.setup") > layer("lm.layers.attention")
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Each module of lm/ and experiments/ -> the modules of them it imports."""
+    modules = project_modules()
+    return {name: {m for m in imports(path, modules) if m in modules and m != name} for name, path in modules.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle as [a, b, ..., a], or []."""
+    state: dict[str, str] = {}
+
+    def visit(node: str, path: list[str]) -> list[str]:
+        state[node] = "open"
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt, [*path, nxt])):
+                return cycle
+        state[node] = "done"
+        return []
+
+    for start in sorted(graph):
+        if start not in state and (cycle := visit(start, [start])):
+            return cycle
+    return []
+
+
+def test_no_import_cycle_among_the_modules():
+    graph = module_graph()
+    assert {"lm.train.loop", "lm.train.setup", "lm.runs"} <= graph["lm.train.loop"] | {"lm.train.loop"}
+    assert find_cycle(graph) == []
+
+
+def test_the_cycle_finder_finds_one():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]

@@ -79,11 +79,12 @@ def test_close_while_the_thread_waits_on_a_full_queue():
 
 
 def test_a_negative_prefetch_is_a_user_error(test_config):
+    from lm.cli.resolve import build_experiment
     from lm.train.setup import build
 
     test_config.train.prefetch = -1
     with pytest.raises(UserError, match=r"train.prefetch=-1"):
-        build(test_config, None)
+        build(test_config, build_experiment, None)
 
 
 def test_compilation_cache_dir_takes_over_from_the_cache_in_use(tmp_path):

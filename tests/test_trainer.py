@@ -1,8 +1,6 @@
-"""The trainer's shape: evaluators beside the eval loss, and modules that import one another without a cycle."""
+"""The trainer's shape: evaluators beside the eval loss, every batch shape compiled first."""
 
-import ast
 import json
-import pathlib
 
 import jax
 import pytest
@@ -11,57 +9,6 @@ from conftest import keep_first_eval_pairs
 from lm.cli.resolve import build_experiment
 from lm.train.loop import train
 from lm.train.setup import build, restore_params
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
-
-
-def imports_of(path: pathlib.Path) -> set[str]:
-    """The lm.* / experiments.* modules a file imports, at any depth (function-level imports too)."""
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-            names.update(f"{node.module}.{alias.name}" for alias in node.names)  # `from lm.train import loop`
-    return {n for n in names if n.split(".")[0] in ("lm", "experiments")}
-
-
-def module_graph() -> dict[str, set[str]]:
-    files = [*REPO.glob("lm/**/*.py"), *REPO.glob("experiments/*.py")]
-    modules = {".".join(f.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__"): f for f in files}
-    return {m: {n for n in imports_of(f) if n in modules and n != m} for m, f in modules.items()}
-
-
-def find_cycle(graph: dict[str, set[str]]) -> list[str]:
-    """One import cycle as [a, b, ..., a], or []."""
-    state: dict[str, str] = {}
-
-    def visit(node: str, path: list[str]) -> list[str]:
-        state[node] = "open"
-        for nxt in sorted(graph[node]):
-            if state.get(nxt) == "open":
-                return path[path.index(nxt):] + [nxt]
-            if nxt not in state and (cycle := visit(nxt, [*path, nxt])):
-                return cycle
-        state[node] = "done"
-        return []
-
-    for start in sorted(graph):
-        if start not in state and (cycle := visit(start, [start])):
-            return cycle
-    return []
-
-
-def test_no_import_cycle_among_the_modules():
-    graph = module_graph()
-    assert {"lm.train.loop", "lm.train.setup", "lm.runs", "experiments"} <= graph.keys()
-    assert "lm.train.setup" in graph["lm.runs"] and "lm.runs" in graph["lm.train.loop"]
-    assert find_cycle(graph) == []
-
-
-def test_the_cycle_finder_finds_one():
-    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
 
 
 @pytest.mark.slow

@@ -108,7 +108,7 @@ def test_cli_translates_from_the_run_folder(rnn_run, no_data, monkeypatch, capsy
     cli(f"--workdir={rnn_run}", SENTENCE, f"--attention_png={png}", "--beam_size=1")
     lines = capsys.readouterr().out.splitlines()
     assert lines == experiment.translate(params, [SENTENCE], 1)
-    assert calls == [(rnn_run, "translation")] * 2
+    assert calls == [(rnn_run, "translate")] * 2
     assert png.read_bytes()[:8] == PNG_SIGNATURE
     image = matplotlib.image.imread(png)  # (height, width, RGBA)
     source, output, maps = experiment.attention_maps(params, SENTENCE, 1, 0.6)
