@@ -118,14 +118,10 @@ class ImageClassification(Experiment):
         """image (B, H, W, C) -> predicted classes (B,)."""
         return jnp.argmax(self.model.apply({"params": params}, image), axis=-1)
 
-    def predict(self, params, batches) -> tuple[np.ndarray, np.ndarray]:
-        """(labels (N,), predictions (N,)) over the valid rows of batches, in order."""
-        labels, predictions = [], []
-        for batch in batches:
-            valid = batch["valid"].astype(bool)
-            predictions.append(np.asarray(self._predict(params, batch["image"]))[valid])
-            labels.append(batch["label"][valid])
-        return np.concatenate(labels), np.concatenate(predictions)
+    def eval_outputs(self, params, batch) -> dict[str, jax.Array]:
+        """Per image of the eval pass: its predicted class, its label and whether it is real, (B,) each
+        (for the confusion matrix of the final results: no second pass over the test split)."""
+        return {"predicted": self._predict(params, batch["image"]), "label": batch["label"], "valid": batch["valid"]}
 
     @functools.partial(jax.jit, static_argnums=0)
     def _attention_weights(self, params, image: jax.Array) -> dict:
@@ -148,14 +144,14 @@ class ImageClassification(Experiment):
         return pooled.reshape(-1, cfg.grid_size, cfg.grid_size)
 
     def final_results(self, params, evaluate, workdir: pathlib.Path) -> dict[str, float]:
-        """Test top-1 accuracy and cross-entropy (through the trainer's eval step), per-class
-        accuracy and workdir/confusion_matrix.png, and
+        """Test top-1 accuracy and cross-entropy, per-class accuracy and workdir/confusion_matrix.png (all
+        from one pass of the trainer's eval step), and
         workdir/attention_rollout.png for the first test image of each class."""
-        test = self.eval_data("test")
-        metrics = evaluate(test)
-        results = {"test_accuracy": metrics["accuracy"], "test_cross_entropy": metrics["cross_entropy"]}
-        labels, predictions = self.predict(params, test)
-        matrix = confusion_matrix(labels, predictions, images.NUM_CLASSES)
+        evaluation = evaluate(self.eval_data("test"))
+        results = {"test_accuracy": evaluation["accuracy"], "test_cross_entropy": evaluation["cross_entropy"]}
+        real = evaluation.outputs["valid"].astype(bool)
+        matrix = confusion_matrix(evaluation.outputs["label"][real], evaluation.outputs["predicted"][real],
+                                  images.NUM_CLASSES)
         per_class = np.diag(matrix) / np.maximum(matrix.sum(axis=1), 1)
         for name, accuracy in zip(images.CLASS_NAMES, per_class, strict=True):
             results[f"test_accuracy_{name}"] = float(accuracy)
