@@ -1,8 +1,10 @@
 """Building a run: the experiment, the mesh, the optimizer and the sharded train state, from a config.
 
-build(config, devices) checks what can be checked before anything compiles (the mesh against the
-devices and the batch, the trainer's options) and returns a Setup; the trainer (lm.train.loop), the
-dry run (lm.train.dry_run), the benchmarks and the inference commands (restore_params) build from it.
+build(config, make_experiment, devices) checks what can be checked before anything compiles (the mesh
+against the devices and the batch, the trainer's options), builds the experiment with make_experiment
+(the build of its module, which the `lm` command hands over: this layer never imports experiments) and
+returns a Setup; the trainer (lm.train.loop), the dry run (lm.train.dry_run), `lm eval`
+(lm.train.evaluate), the benchmarks and the inference commands (restore_params) build from it.
 """
 
 import contextlib
