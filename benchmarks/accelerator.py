@@ -135,8 +135,7 @@ def trainer_run(config, steps: int, workdir: pathlib.Path) -> dict:
     from lm.cli.resolve import build_experiment
     from lm.train import loop
 
-    config.train.update(num_steps=steps, checkpoint_every=steps)
-    config.optimizer.decay_steps = max(config.optimizer.decay_steps, steps)
+    config.train.update(num_steps=steps, checkpoint_every=steps)  # the learning-rate schedule follows num_steps
     config.eval.every = steps
     if "max_new_tokens" in config.get("sample", {}):
         config.sample.max_new_tokens = 0

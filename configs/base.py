@@ -19,17 +19,22 @@ the trainer's own sections come from lm/train/options.py (run_options, optimizer
 import ml_collections
 
 from lm import sharding
-from lm.data import tasks
+from lm.data import tasks, tokens
+from lm.layers.options import declare, option
 from lm.models.bert import bert_options
 from lm.models.config import transformer_options
-from lm.train.options import optimizer_options, run_options, train_options
+from lm.train.options import mesh_options, optimizer_options, run_options, train_options
 
 
 def add_mesh(config: ml_collections.ConfigDict) -> None:
     """Mesh axis sizes (-1: all remaining devices; one device is a 1x1x1x1 mesh) and the rules that map
     logical axis names onto them: see lm/sharding.py."""
-    config.mesh = sharding.mesh_options()
-    config.sharding_rules = sharding.DEFAULT_RULES
+    config.mesh = mesh_options()
+    declare(config, sharding_rules=option(sharding.DEFAULT_RULES, "(logical axis name, mesh axes) pairs, in "
+                                                                  "priority order (lm/sharding.py)"))
+
+
+LABEL_SMOOTHING = "the share of each target's probability spread evenly over all the classes (0: none)"
 
 
 # --- language model ----------------------------------------------------------------------------------
@@ -37,26 +42,30 @@ def add_mesh(config: ml_collections.ConfigDict) -> None:
 
 def text_data(dataset: str) -> ml_collections.ConfigDict:
     """A text corpus (lm/data/text.py DATASETS), character level, split train/val."""
-    data = ml_collections.ConfigDict()
-    data.dataset = dataset
-    data.context_length = 64
-    data.train_fraction = 0.9
-    return data
+    return declare(
+        ml_collections.ConfigDict(),
+        dataset=option(dataset, "the text corpus (lm/data/text.py DATASETS), read as characters"),
+        context_length=option(64, "characters per training window"),
+        train_fraction=option(0.9, "the first part of the text trained on; the rest is the val split"),
+    )
 
 
 def token_file_data() -> ml_collections.ConfigDict:
     """Pre-tokenised ids (nanoGPT's train.bin / val.bin, or `lm prepare`'s), GPT-2 BPE by default."""
-    data = ml_collections.ConfigDict()
-    data.dataset = "token_file"  # token_file | synthetic
-    data.train_file = "openwebtext/train.bin"
-    data.val_file = "openwebtext/val.bin"
-    data.token_dtype = "uint16"
-    data.vocab_size = 50257  # GPT-2 BPE
-    # The tokenizer.json the token files were made with ("": none, only ids): absolute or relative to
-    # $LM_DATA_DIR. Saved into the run, so that lm sample prints text; its vocabulary must be vocab_size.
-    data.tokenizer = ""
-    data.context_length = 1024
-    return data
+    return declare(
+        ml_collections.ConfigDict(),
+        dataset=option("token_file", "token_file: read train_file and val_file; synthetic: uniformly random ids",
+                       choices=("token_file", "synthetic")),
+        train_file=option("openwebtext/train.bin", "training token ids, absolute or relative to $LM_DATA_DIR"),
+        val_file=option("openwebtext/val.bin", "validation token ids, absolute or relative to $LM_DATA_DIR"),
+        token_dtype=option("uint16", "the files' id type (uint32 for vocabularies past 65,536)",
+                           choices=tuple(tokens.TOKEN_DTYPES)),
+        vocab_size=option(50257, "ids in the vocabulary (50257: GPT-2 BPE)"),
+        # Saved into the run, so that lm sample prints text.
+        tokenizer=option("", "the tokenizer.json the token files were made with, absolute or relative to "
+                             "$LM_DATA_DIR; its vocabulary must be vocab_size ('' = none, ids only)"),
+        context_length=option(1024, "tokens per training window"),
+    )
 
 
 def language_model(dataset: str = "tinyshakespeare") -> ml_collections.ConfigDict:
@@ -69,25 +78,32 @@ def language_model(dataset: str = "tinyshakespeare") -> ml_collections.ConfigDic
     # The block options (norm, mlp, position, moe, init, ...) are shared with every Transformer
     # experiment: see lm/models/config.py.
     config.model = transformer_options(num_layers=4, num_heads=4, num_kv_heads=4, embed_dim=128)
-    config.model.tie_embeddings = True
-    config.model.vocab_multiple = 64  # pad the vocabulary so it divides the 'tensor' mesh axis
-    config.model.scale_embeddings = False  # token embeddings times sqrt(D) (Vaswani et al. 3.4)
-    config.model.loss_chunk = 0  # positions per cross-entropy chunk (0: the whole (B, T, V) logits at once)
+    declare(
+        config.model,
+        tie_embeddings=option(True, "the output layer is the token embedding table (transposed)"),
+        vocab_multiple=option(64, "the vocabulary padded to a multiple of this, so it divides the 'tensor' mesh axis"),
+        scale_embeddings=option(False, "token embeddings times sqrt(D) (Vaswani et al. 3.4)"),
+        loss_chunk=option(0, "positions per cross-entropy chunk (0: the whole (B, T, V) logits at once)"),
+    )
 
     config.optimizer = optimizer_options(min_learning_rate=1e-4, b2=0.99, weight_decay=0.1)
     config.train = train_options(batch_size=12, num_steps=2000, log_every=50)  # batch_size in windows
 
-    config.eval = ml_collections.ConfigDict()
-    config.eval.every = 250
-    config.eval.batch_size = 48
-    config.eval.num_batches = 8
-    config.eval.context_lengths = ()  # val lengths scored after training, e.g. (128,): 2x the training one
+    config.eval = declare(
+        ml_collections.ConfigDict(),
+        every=option(250, "steps between val loss evaluations"),
+        batch_size=option(48, "val windows per eval batch"),
+        num_batches=option(8, "val batches per evaluation (the same ones every time)"),
+        context_lengths=option((), "val lengths scored after training, e.g. (128,): twice the training one"),
+    )
 
-    config.sample = ml_collections.ConfigDict()
-    config.sample.prompt = "\n"
-    config.sample.max_new_tokens = 300
-    config.sample.temperature = 0.8
-    config.sample.top_k = 40
+    config.sample = declare(
+        ml_collections.ConfigDict(),
+        prompt=option("\n", "the text that the sample printed after training continues"),
+        max_new_tokens=option(300, "tokens the sample after training adds to the prompt"),
+        temperature=option(0.8, "the sample's logits are divided by this (0: greedy)"),
+        top_k=option(40, "sample among the k likeliest tokens only (0: all)"),
+    )
 
     add_mesh(config)
     return config
@@ -101,27 +117,33 @@ def translation() -> ml_collections.ConfigDict:
     the model)."""
     config = run_options("translation")
 
-    config.data = ml_collections.ConfigDict()
-    config.data.source_lang = "de"
-    config.data.target_lang = "en"
-    config.data.tokenizer = "sentencepiece"  # sentencepiece | word (lowercased, as the PyTorch tutorials)
-    config.data.vocab_size = 8000  # per language, for sentencepiece
-    config.data.sentencepiece_model = "unigram"  # unigram | bpe
-    config.data.min_freq = 2  # for word: rarer words become <unk>
-    config.data.buckets = (16, 24, 32, 48, 64)  # padded lengths; longer training pairs are dropped
-    config.data.max_train_pairs = 0  # the first so many training pairs (tokenizers fitted on them too; 0: all)
+    config.data = declare(
+        ml_collections.ConfigDict(),
+        source_lang=option("de", "the language translated from (lm/data/translation.py LANGUAGES)"),
+        target_lang=option("en", "the language translated into (lm/data/translation.py LANGUAGES)"),
+        tokenizer=option("sentencepiece", "sentencepiece, or word: lowercased words, as the PyTorch tutorials",
+                         choices=("sentencepiece", "word")),
+        vocab_size=option(8000, "pieces per language, for sentencepiece"),
+        sentencepiece_model=option("unigram", "the sentencepiece model type", choices=("unigram", "bpe")),
+        min_freq=option(2, "for word: rarer words become <unk>"),
+        buckets=option((16, 24, 32, 48, 64), "padded lengths; longer training pairs are dropped"),
+        max_train_pairs=option(0, "the first so many training pairs (tokenizers fitted on them too; 0: all)"),
+    )
 
-    config.optimizer = optimizer_options(warmup_steps=200, decay_steps=2500, b2=0.98)
+    config.optimizer = optimizer_options(warmup_fraction=0.08, b2=0.98)
     # 128 sentences a step: 2500 steps are 11 epochs of the 29k training pairs.
-    config.train = train_options(num_steps=2500, checkpoint_every=500, label_smoothing=0.1)
+    config.train = train_options(num_steps=2500, checkpoint_every=500)
+    declare(config.train, label_smoothing=option(0.1, LABEL_SMOOTHING))
 
-    config.eval = ml_collections.ConfigDict()
-    config.eval.every = 500
-    config.eval.bleu_every = 500  # greedy sacreBLEU on the val split during training (val_bleu); 0: off
-    config.eval.batch_size = 128  # sentences, also for decoding
-    config.eval.test_split = "test_2016_flickr"  # scored once after training (results.json)
-    config.eval.beam_sizes = (1, 4)  # 1 = greedy
-    config.eval.length_penalty = 0.6  # GNMT alpha for beam search
+    config.eval = declare(
+        ml_collections.ConfigDict(),
+        every=option(500, "steps between val loss evaluations"),
+        bleu_every=option(500, "steps between greedy sacreBLEU scores of the val split (val_bleu); 0: off"),
+        batch_size=option(128, "sentences per eval batch, also for decoding"),
+        test_split=option("test_2016_flickr", "the split scored once after training (results.json)"),
+        beam_sizes=option((1, 4), "the beam widths the test split is decoded with (1 = greedy)"),
+        length_penalty=option(0.6, "GNMT alpha for beam search"),
+    )
 
     add_mesh(config)
     return config
@@ -133,7 +155,7 @@ def translation_test_sizes(config: ml_collections.ConfigDict) -> None:
     scoring (on the whole val and test splits); seconds on a CPU."""
     config.data.update(max_train_pairs=5000, vocab_size=500, buckets=(16, 32))
     config.train.update(batch_size=16, num_steps=20, log_every=5, checkpoint_every=10)
-    config.optimizer.update(learning_rate=3e-3, warmup_steps=2, decay_steps=20)
+    config.optimizer.update(learning_rate=3e-3, warmup_fraction=0.1)
     config.eval.update(every=10, bleu_every=0, batch_size=256, beam_sizes=(1, 2))
 
 
@@ -145,24 +167,29 @@ def image_classification() -> ml_collections.ConfigDict:
     adds the model)."""
     config = run_options("image_classification")
 
-    config.data = ml_collections.ConfigDict()
-    config.data.dataset = "cifar10"
-    config.data.num_val = 5000  # held out of the 50k training images, seeded by split_seed
-    config.data.split_seed = 0
-    config.data.crop_padding = 4  # random crop after zero padding; 0: off
-    config.data.flip = True  # random horizontal flip
-    config.data.randaugment_ops = 0  # RandAugment ops per image; 0: off
-    config.data.randaugment_magnitude = 9.0  # 0..10
-    config.data.mixup_alpha = 0.0  # 0: off
-    config.data.cutmix_alpha = 0.0  # 0: off (both > 0: one or the other per batch)
-    config.data.num_workers = 0  # 0: augment in a background thread; > 0: worker processes; -1: cores less two
+    config.data = declare(
+        ml_collections.ConfigDict(),
+        dataset=option("cifar10", "the image dataset ($LM_DATA_DIR/cifar10)", choices=("cifar10",)),
+        num_val=option(5000, "images held out of the 50k training images for validation"),
+        split_seed=option(0, "seeds which training images are held out"),
+        crop_padding=option(4, "pixels of zero padding before a random crop (0: no crop)"),
+        flip=option(True, "random horizontal flips"),
+        randaugment_ops=option(0, "RandAugment ops per image (0: off)"),
+        randaugment_magnitude=option(9.0, "RandAugment magnitude, 0..10"),
+        mixup_alpha=option(0.0, "mixup's Beta(alpha, alpha) (0: off)"),
+        cutmix_alpha=option(0.0, "CutMix's Beta(alpha, alpha) (0: off; both > 0: one or the other per batch)"),
+        num_workers=option(0, "0: augment in a background thread; > 0: worker processes; -1: the cores less two"),
+    )
 
-    config.optimizer = optimizer_options(warmup_steps=500, decay_steps=10000, weight_decay=0.05)
-    config.train = train_options(num_steps=10000, label_smoothing=0.1)  # batch_size in images
+    config.optimizer = optimizer_options(weight_decay=0.05)
+    config.train = train_options(num_steps=10000)  # batch_size in images
+    declare(config.train, label_smoothing=option(0.1, LABEL_SMOOTHING))
 
-    config.eval = ml_collections.ConfigDict()
-    config.eval.every = 1000
-    config.eval.batch_size = 1000  # images, global (the 5k val and 10k test splits)
+    config.eval = declare(
+        ml_collections.ConfigDict(),
+        every=option(1000, "steps between val loss and accuracy evaluations"),
+        batch_size=option(1000, "images per eval batch, global (the 5k val and 10k test splits)"),
+    )
 
     add_mesh(config)
     return config
@@ -176,28 +203,33 @@ def masked_lm(size: str) -> ml_collections.ConfigDict:
     English corpus, with bert-base-uncased's vocabulary and BERT-Base's schedule."""
     config = run_options("masked_lm")
 
-    config.data = ml_collections.ConfigDict()
-    config.data.corpus = ("gutenberg_books", "us_presidential_speeches")  # $LM_DATA_DIR/corpus/<name>.txt.gz
-    config.data.max_documents = 0  # per corpus file, the first ones (0: all)
-    config.data.eval_documents = 6  # held out for eval, drawn with seed 0 from all the documents
-    config.data.vocab = "bert-base-uncased"  # a vocab.txt name or path; "" trains one of vocab_size pieces
-    config.data.vocab_size = 0
-    config.data.max_seq_len = 128  # [CLS] A [SEP] B [SEP], padded
-    config.data.short_seq_prob = 0.1  # pairs shorter than max_seq_len, drawn at random (as BERT's data)
-    config.data.mask_prob = 0.15  # of the non-special tokens
-    config.data.max_predictions = 20  # masked positions per sequence the head predicts (BERT's per 128)
+    config.data = declare(
+        ml_collections.ConfigDict(),
+        corpus=option(("gutenberg_books", "us_presidential_speeches"), "the corpus files, "
+                                                                        "$LM_DATA_DIR/corpus/<name>.txt.gz"),
+        max_documents=option(0, "per corpus file, the first so many documents (0: all)"),
+        eval_documents=option(6, "documents held out for eval, drawn with seed 0 from all of them"),
+        vocab=option("bert-base-uncased", "a vocab.txt name or path; '' trains one of vocab_size pieces"),
+        vocab_size=option(0, "WordPiece pieces to train when vocab is ''"),
+        max_seq_len=option(128, "[CLS] A [SEP] B [SEP], padded to this many tokens"),
+        short_seq_prob=option(0.1, "the share of pairs shorter than max_seq_len, drawn at random (as BERT's data)"),
+        mask_prob=option(0.15, "the share of the non-special tokens masked"),
+        max_predictions=option(20, "masked positions per sequence the head predicts (BERT's per 128)"),
+    )
 
     # BERT's block options (post-norm, erf GELU, LayerNorm eps 1e-12, N(0, 0.02)) and the encoder size.
     config.model = bert_options(size)
 
-    config.optimizer = optimizer_options(learning_rate=1e-4, min_learning_rate=1e-5, warmup_steps=1000,
-                                         decay_steps=100_000, weight_decay=0.01)
+    config.optimizer = optimizer_options(learning_rate=1e-4, min_learning_rate=1e-5, warmup_fraction=0.01,
+                                         weight_decay=0.01)
     config.train = train_options(batch_size=256, num_steps=100_000, log_every=100, checkpoint_every=5000)
 
-    config.eval = ml_collections.ConfigDict()
-    config.eval.every = 1000
-    config.eval.batch_size = 64
-    config.eval.num_batches = 8
+    config.eval = declare(
+        ml_collections.ConfigDict(),
+        every=option(1000, "steps between held-out masked-LM and NSP evaluations"),
+        batch_size=option(64, "sequence pairs per eval batch"),
+        num_batches=option(8, "eval batches per evaluation (the same ones every time)"),
+    )
 
     add_mesh(config)
     return config
@@ -211,26 +243,29 @@ def finetune(task: str) -> ml_collections.ConfigDict:
     at the task's sizes (configs/bert_finetune.py adds the encoder)."""
     sizes = tasks.TASKS[task]
     config = run_options("finetune")
-    config.task = task  # a key of tasks.TASKS
+    declare(config, task=option(task, "the fine-tuning task (lm/data/tasks TASKS)", choices=tuple(tasks.TASKS)))
 
-    config.data = ml_collections.ConfigDict()
-    config.data.vocab = ""  # "": the init_from run's tokenizer (else bert-base-uncased); or a vocab.txt name/path
-    config.data.max_seq_len = sizes.max_seq_len  # every row padded (or cut) to this
-    config.data.max_train_examples = 0  # the first so many training examples (0: all)
-    config.data.max_eval_examples = 0  # the first so many of each scored split (0: all)
-    config.data.doc_stride = 128  # SQuAD: pieces between the starts of a long context's windows
-    config.data.max_query_length = 64  # SQuAD: the question's pieces kept
-    config.data.max_answer_length = 30  # SQuAD: the longest answer span decoded, in pieces
-    config.data.n_best = 20  # SQuAD: start and end candidates per window
+    config.data = declare(
+        ml_collections.ConfigDict(),
+        vocab=option("", "a vocab.txt name or path; '' = the init_from run's tokenizer, else bert-base-uncased"),
+        max_seq_len=option(sizes.max_seq_len, "every row padded (or cut) to this many tokens"),
+        max_train_examples=option(0, "the first so many training examples (0: all)"),
+        max_eval_examples=option(0, "the first so many examples of each scored split (0: all)"),
+        doc_stride=option(128, "SQuAD: pieces between the starts of a long context's windows"),
+        max_query_length=option(64, "SQuAD: the question's pieces kept"),
+        max_answer_length=option(30, "SQuAD: the longest answer span decoded, in pieces"),
+        n_best=option(20, "SQuAD: start and end candidates per window"),
+    )
 
-    config.optimizer = optimizer_options(learning_rate=1e-4, min_learning_rate=0.0,
-                                         warmup_steps=sizes.num_steps // 10, decay_steps=sizes.num_steps,
+    config.optimizer = optimizer_options(learning_rate=1e-4, min_learning_rate=0.0, warmup_fraction=0.1,
                                          weight_decay=0.01)
     config.train = train_options(batch_size=32, num_steps=sizes.num_steps, log_every=50, checkpoint_every=500)
 
-    config.eval = ml_collections.ConfigDict()
-    config.eval.every = 250  # the trainer's loss on the dev split, and the task's scores (dev_*)
-    config.eval.batch_size = 128
+    config.eval = declare(
+        ml_collections.ConfigDict(),
+        every=option(250, "steps between the dev split's loss and the task's scores (dev_*)"),
+        batch_size=option(128, "rows per eval batch"),
+    )
 
     add_mesh(config)
     return config

@@ -40,7 +40,7 @@ VARIANTS = ("tiny", "mini", "small", "base", "large")
 
 def get_config(variant: str = "mini") -> ml_collections.ConfigDict:
     if variant not in VARIANTS:
-        raise ValueError(f"unknown variant {variant!r} of bert: use one of {', '.join(VARIANTS)}")
+        raise ValueError(f"unknown variant {variant!r} of configs/bert.py: use one of {', '.join(VARIANTS)}")
     config = base.masked_lm(variant)
 
     if variant == "tiny":
@@ -48,14 +48,14 @@ def get_config(variant: str = "mini") -> ml_collections.ConfigDict:
         config.data.update(corpus=("us_presidential_speeches",), max_documents=20, eval_documents=2, vocab="",
                            vocab_size=1000, max_seq_len=64, max_predictions=10)
         config.train.update(batch_size=16, num_steps=30, log_every=10, checkpoint_every=30)
-        config.optimizer.update(learning_rate=3e-3, min_learning_rate=3e-4, warmup_steps=3, decay_steps=30,
+        config.optimizer.update(learning_rate=3e-3, min_learning_rate=3e-4, warmup_fraction=0.1,
                                 weight_decay=0.0)
         config.eval.update(every=15, batch_size=16, num_batches=2)
     elif variant == "mini":
         config.train.update(batch_size=32, num_steps=2000, log_every=50, checkpoint_every=500, keep_checkpoints=4)
-        config.optimizer.update(learning_rate=5e-4, min_learning_rate=5e-5, warmup_steps=100, decay_steps=2000)
+        config.optimizer.update(learning_rate=5e-4, min_learning_rate=5e-5, warmup_fraction=0.05)
         config.eval.update(every=250, batch_size=32, num_batches=8)
     elif variant == "small":
         config.train.update(batch_size=128, num_steps=20_000, log_every=100, checkpoint_every=2000)
-        config.optimizer.update(learning_rate=3e-4, warmup_steps=500, decay_steps=20_000)
+        config.optimizer.update(learning_rate=3e-4, warmup_fraction=0.025)
     return config

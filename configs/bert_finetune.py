@@ -43,24 +43,26 @@ import ml_collections
 
 from configs import base, bert
 from lm.data import tasks
+from lm.layers.options import declare, option
 
 
 def get_config(variant: str = "sst2") -> ml_collections.ConfigDict:
     task, _, size = variant.partition("_")
     size = size or "mini"
     if task not in tasks.TASKS or size not in bert.VARIANTS:
-        raise ValueError(f"unknown variant {variant!r} of bert_finetune: use TASK or TASK_SIZE, TASK one of "
+        raise ValueError(f"unknown variant {variant!r} of configs/bert_finetune.py: use TASK or TASK_SIZE, TASK one of "
                          f"{', '.join(tasks.TASKS)} and SIZE one of {', '.join(bert.VARIANTS)}")
     config = base.finetune(task)  # the task's row length and steps (lm/data/tasks/__init__.py TASKS)
     # The encoder exactly as configs/bert.py pretrains it at this size (so init_from loads it).
     config.model = bert.get_config(size).model
-    config.model.head_dropout = 0.1  # on the encoder's outputs, before the task head (BERT's classifier dropout)
+    declare(config.model, head_dropout=option(0.1, "dropout on the encoder's outputs, before the task head (BERT's "
+                                                   "classifier dropout)"))
 
     if size == "tiny":
         config.model.head_dropout = 0.0
         config.data.update(max_seq_len=64, max_train_examples=256, max_eval_examples=64, doc_stride=16,
                            max_query_length=16)
         config.train.update(batch_size=8, num_steps=10, log_every=5, checkpoint_every=10)
-        config.optimizer.update(learning_rate=1e-3, warmup_steps=2, decay_steps=10)
+        config.optimizer.update(learning_rate=1e-3, warmup_fraction=0.2)
         config.eval.update(every=5, batch_size=32)
     return config

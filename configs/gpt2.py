@@ -59,8 +59,7 @@ def get_config(variant: str = "124m") -> ml_collections.ConfigDict:
     config = base.language_model("token_file")
     # GPT-2's recipe; every variant below sets the size.
     config.model.update(compute_dtype="bfloat16", vocab_multiple=128)
-    config.optimizer.update(learning_rate=6e-4, min_learning_rate=6e-5, warmup_steps=700, decay_steps=19073,
-                            b2=0.95)
+    config.optimizer.update(learning_rate=6e-4, min_learning_rate=6e-5, warmup_steps=700, b2=0.95)
     config.train.update(batch_size=512, grad_accum_steps=8, num_steps=19073, log_every=20, checkpoint_every=1000)
     config.eval.update(every=500, batch_size=64, num_batches=20)  # 1.3M val tokens
     config.sample.max_new_tokens = 0  # token ids: no text sample after training
@@ -76,16 +75,15 @@ def get_config(variant: str = "124m") -> ml_collections.ConfigDict:
         config.data.update(vocab_size=2048, context_length=128)
         config.model.update(num_layers=4, num_heads=4, num_kv_heads=4, embed_dim=128, compute_dtype="float32")
         config.train.update(batch_size=16, grad_accum_steps=1, num_steps=600, log_every=50, checkpoint_every=300)
-        config.optimizer.update(learning_rate=1e-3, min_learning_rate=1e-4, warmup_steps=50, decay_steps=600,
-                                b2=0.99)
+        config.optimizer.update(learning_rate=1e-3, min_learning_rate=1e-4, warmup_steps=50, b2=0.99)
         config.eval.update(every=200, batch_size=32, num_batches=8)
         config.sample.update(max_new_tokens=100)
     elif variant == "test":
         config.data.update(dataset="synthetic", vocab_size=500, context_length=64)
         config.model.update(num_layers=2, num_heads=4, num_kv_heads=4, embed_dim=64, loss_chunk=16, scan_layers=True)
         config.train.update(batch_size=8, grad_accum_steps=1, num_steps=20, log_every=5, checkpoint_every=10)
-        config.optimizer.update(warmup_steps=2, decay_steps=20)
+        config.optimizer.warmup_steps = 2
         config.eval.update(every=10, batch_size=8, num_batches=2)
     else:
-        raise ValueError(f"unknown variant {variant!r} of gpt2: use 124m, 350m, 774m, bpe_small or test")
+        raise ValueError(f"unknown variant {variant!r} of configs/gpt2.py: use 124m, 350m, 774m, bpe_small or test")
     return config

@@ -37,15 +37,15 @@ def get_config(variant: str = "baby") -> ml_collections.ConfigDict:
                             attention_dropout=0.2, use_bias=False)
         config.data.context_length = 256
         config.train.update(batch_size=64, num_steps=5000, checkpoint_every=1000)
-        config.optimizer.update(warmup_steps=100, decay_steps=5000)
+        config.optimizer.warmup_steps = 100  # nanoGPT's, whatever the run's length
         config.eval.update(every=250, batch_size=64, num_batches=50)
     elif variant == "test":
         config.model.update(num_layers=2, num_heads=2, num_kv_heads=2, embed_dim=32)
         config.data.context_length = 16
         config.train.update(batch_size=8, num_steps=20, log_every=5, checkpoint_every=10)
-        config.optimizer.update(learning_rate=3e-3, min_learning_rate=3e-4, warmup_steps=2, decay_steps=20)
+        config.optimizer.update(learning_rate=3e-3, min_learning_rate=3e-4, warmup_fraction=0.1)
         config.eval.update(every=10, batch_size=8, num_batches=2)
         config.sample.max_new_tokens = 20
     else:
-        raise ValueError(f"unknown variant {variant!r} of gpt_shakespeare: use baby, small or test")
+        raise ValueError(f"unknown variant {variant!r} of configs/gpt_shakespeare.py: use baby, small or test")
     return config

@@ -13,27 +13,36 @@ Switches: --config.model.cell=lstm, --config.model.attention=luong_dot|luong_gen
 --config.data.target_lang=de.
 
 Measured on test_2016_flickr (sacreBLEU, beam 4; docs/translation.md has the rest), 2-core CPU at
-about 1.0-1.1 steps/s (2,000 steps: ~33 min):
-  attention    36.4 after 2100 steps (--config.train.num_steps=2100), 33.0 after 1000
-  noattention  21.2 after 1000 steps (--config.train.num_steps=1000)
+about 1.0-1.1 steps/s (2,000 steps: ~33 min), stopped early on the full run's 2500-step schedule (a
+shorter run's schedule ends with the run unless --config.optimizer.decay_steps=2500 pins it, as here):
+  attention    36.4 after 2100 steps (--config.train.num_steps=2100 --config.optimizer.decay_steps=2500),
+               33.0 after 1000
+  noattention  21.2 after 1000 steps (--config.train.num_steps=1000 --config.optimizer.decay_steps=2500)
 """
 
 import ml_collections
 
 from configs import base
+from lm.layers.options import declare, option
+from lm.layers.rnn import CELLS
+from lm.layers.transformer import COMPUTE_DTYPES
+from lm.models.seq2seq import ATTENTIONS
 
 
 def get_config(variant: str = "attention") -> ml_collections.ConfigDict:
     config = base.translation()
-    config.model = ml_collections.ConfigDict()
-    config.model.architecture = "rnn"
-    config.model.cell = "gru"  # gru | lstm
-    config.model.attention = "bahdanau"  # none | bahdanau | luong_dot | luong_general
-    config.model.embed_dim = 256
-    config.model.hidden_dim = 512
-    config.model.num_layers = 1
-    config.model.dropout = 0.3
-    config.model.compute_dtype = "float32"
+    config.model = declare(
+        ml_collections.ConfigDict(),
+        architecture=option("rnn", "the translation model family (experiments/translation.py)"),
+        cell=option("gru", "the recurrent cell of the encoder and the decoder", choices=CELLS),
+        attention=option("bahdanau", "how the decoder reads the source (lm/models/seq2seq.py); none: the "
+                                     "encoder's final state is the only context", choices=ATTENTIONS),
+        embed_dim=option(256, "the token embedding width"),
+        hidden_dim=option(512, "the cell width: per direction in the encoder, the decoder's state"),
+        num_layers=option(1, "cells stacked in the encoder (each bidirectional) and in the decoder"),
+        dropout=option(0.3, "dropout on embeddings and cell outputs"),
+        compute_dtype=option("float32", "compute dtype; parameters stay float32", choices=tuple(COMPUTE_DTYPES)),
+    )
 
     if variant == "attention":
         pass
@@ -43,5 +52,5 @@ def get_config(variant: str = "attention") -> ml_collections.ConfigDict:
         config.model.update(embed_dim=16, hidden_dim=32, dropout=0.0)
         base.translation_test_sizes(config)
     else:
-        raise ValueError(f"unknown variant {variant!r} of translate_rnn: use attention, noattention or test")
+        raise ValueError(f"unknown variant {variant!r} of configs/translate_rnn.py: use attention, noattention or test")
     return config

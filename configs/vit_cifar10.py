@@ -27,7 +27,9 @@ the host's cores less two).
 import ml_collections
 
 from configs import base
+from lm.layers.options import declare, option
 from lm.models.config import transformer_options
+from lm.models.vit import POOLS
 
 
 def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
@@ -36,12 +38,15 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
     # (lm/models/config.py); position takes the ViT kinds of lm/models/vit.py.
     config.model = transformer_options(num_layers=4, num_heads=4, num_kv_heads=4, embed_dim=128, mlp_ratio=2.0,
                                        position="sincos2d")
-    config.model.patch_size = 4
-    config.model.pool = "gap"  # cls | gap
+    declare(
+        config.model,
+        patch_size=option(4, "pixels per side of a square patch; it must divide the 32-pixel image"),
+        pool=option("gap", "the classifier reads the [CLS] token (cls) or the patches' mean (gap)", choices=POOLS),
+    )
 
     if variant == "cpu":
         config.train.update(batch_size=128, num_steps=5000, log_every=100, checkpoint_every=1000)
-        config.optimizer.update(learning_rate=1e-3, warmup_steps=300, decay_steps=5000, weight_decay=0.05)
+        config.optimizer.update(learning_rate=1e-3, warmup_fraction=0.06, weight_decay=0.05)
         config.eval.update(every=500)
     elif variant == "full":
         config.model.update(num_layers=7, num_heads=12, num_kv_heads=12, embed_dim=384, mlp_ratio=1.0,
@@ -50,15 +55,15 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
                            num_workers=-1)  # the cores less two: see lm/data/images.py worker_count
         steps = 200 * 45000 // 128  # 200 epochs
         config.train.update(batch_size=128, num_steps=steps, log_every=200, checkpoint_every=5000)
-        config.optimizer.update(learning_rate=1e-3, warmup_steps=5 * 45000 // 128, decay_steps=steps,
-                                weight_decay=0.05)
+        # warmup over 5 epochs, whatever the run's length
+        config.optimizer.update(learning_rate=1e-3, warmup_steps=5 * 45000 // 128, weight_decay=0.05)
         config.eval.update(every=5000)
     elif variant == "test":
         config.model.update(num_layers=2, num_heads=2, num_kv_heads=2, embed_dim=32)
         config.model.patch_size = 8
         config.train.update(batch_size=32, num_steps=10, log_every=5, checkpoint_every=10)
-        config.optimizer.update(learning_rate=3e-3, warmup_steps=2, decay_steps=10)
+        config.optimizer.update(learning_rate=3e-3, warmup_fraction=0.2)
         config.eval.update(every=5, batch_size=1000)
     else:
-        raise ValueError(f"unknown variant {variant!r} of vit_cifar10: use cpu, full or test")
+        raise ValueError(f"unknown variant {variant!r} of configs/vit_cifar10.py: use cpu, full or test")
     return config

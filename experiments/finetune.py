@@ -40,7 +40,8 @@ from lm.data.wordpiece import TOKENIZER_FILE, WordPieceTokenizer
 from lm.errors import UserError, check_count
 from lm.layers.heads import PooledClassifier, RegressionHead, SpanHead, TokenTagger
 from lm.losses import cross_entropy, masked_accuracy, masked_cross_entropy, masked_mean, mean_squared_error
-from lm.models.bert import Bert, BertConfig, bert_config, flops_per_sequence
+from lm.models.bert import BERT_SIZES, Bert, BertConfig, bert_config, flops_per_sequence
+from lm.runs import CONFIG_FILE, differing_fields, init_from_not_found, override_flags, saved_config, settings
 from lm.train.experiment import Experiment
 
 DEFAULT_VOCAB = "bert-base-uncased"
@@ -221,6 +222,30 @@ def saved_tokenizer(init_from: str) -> WordPieceTokenizer | None:
     return None
 
 
+SIZE_FIELDS = ("num_layers", "embed_dim", "num_heads")  # an encoder size of BERT_SIZES, in its order
+
+
+def check_init_from(config: ml_collections.ConfigDict) -> None:
+    """A local init_from must exist; when it is an lm run, its encoder must be this config's size (SIZE_FIELDS
+    in its config.json), else a UserError naming every model field that differs, both values, and the variant
+    of configs/bert_finetune.py of that size (or the flags, for a size no variant has)."""
+    init_from = config.init_from
+    if not init_from or "://" in init_from or init_from.startswith("hf:"):  # (hf:DIR checks its own fields)
+        return
+    if not pathlib.Path(init_from).expanduser().exists():
+        raise init_from_not_found(init_from)
+    saved = saved_config(init_from)
+    size = tuple(((saved or {}).get("model") or {}).get(key) for key in SIZE_FIELDS)
+    if saved is None or size == tuple(config.model[key] for key in SIZE_FIELDS):
+        return
+    fields = differing_fields(saved, config, ("model",))
+    named = next((name for name, dimensions in BERT_SIZES.items() if dimensions == size), None)
+    fix = (f"use --config=configs/bert_finetune.py:{config.task}_{named}, the variant of that size" if named
+           else f"run with {override_flags(fields)}")
+    raise UserError(f"init_from={init_from} holds an encoder of another size: {settings(fields, saved=True)} (its "
+                    f"{CONFIG_FILE}), this config has {settings(fields, saved=False)}: {fix}")
+
+
 def find_tokenizer(config: ml_collections.ConfigDict) -> WordPieceTokenizer:
     """data.vocab if set (a vocab.txt name or path, or a folder holding a tokenizer.json), which must be the
     init_from run's vocabulary when it saved one; else the init_from run's saved tokenizer; else, from
@@ -310,10 +335,11 @@ class FineTune(Experiment):
 
 
 def build(config: ml_collections.ConfigDict, workdir: pathlib.Path | None = None) -> FineTune:
-    """The tokenizer (find_tokenizer), then the task's splits encoded with it (load_splits), or for a resumed
-    run the splits cached in workdir (lm/data/run_cache.py)."""
+    """The checked init_from (check_init_from), the tokenizer (find_tokenizer), then the task's splits encoded
+    with it (load_splits), or for a resumed run the splits cached in workdir (lm/data/run_cache.py)."""
     for key in ("max_train_examples", "max_eval_examples"):
         check_count(config.data, key, "examples")
+    check_init_from(config)
     tokenizer = find_tokenizer(config)
     key = run_cache.digest(config.task, config.data, run_cache.saved_digest(tokenizer.save))
     cache = run_cache.DataCache(workdir)

@@ -29,6 +29,7 @@ from lm.losses import masked_accuracy, masked_cross_entropy, moe_objective
 from lm.models.config import compute_dtype, transformer_config
 from lm.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 from lm.models.seq2seq import Seq2Seq, Seq2SeqConfig
+from lm.progress import Progress, await_each
 from lm.train.experiment import Evaluator, Experiment
 
 ARCHITECTURES = ("rnn", "transformer")
@@ -128,7 +129,8 @@ class Translation(Experiment):
     def translate_ids(self, params, sentences: Sequence[str], beam_size: int = 1,
                       length_penalty: float = 0.6) -> np.ndarray:
         """Target ids (N, max_length) of N source sentences, eos then padding. Decodes in chunks of
-        eval.batch_size sentences, all padded to one bucket, so a call compiles the search once."""
+        eval.batch_size sentences, all padded to one bucket, so a call compiles the search once; a long
+        call prints its progress (lm.progress)."""
         buckets = self.config.data.buckets
         ids = [[*self.source_tokenizer.encode(s), translation.EOS_ID][: buckets[-1]] for s in sentences]
         length = buckets[int(translation.bucket_of(np.array([max(map(len, ids))]), buckets)[0])]
@@ -138,10 +140,12 @@ class Translation(Experiment):
         source[:, 0] = translation.EOS_ID
         for row, sentence_ids in enumerate(ids):
             source[row, : len(sentence_ids)] = sentence_ids
-        outputs = [
-            self._search(params, jnp.asarray(part), jnp.asarray(part > 0, jnp.int32), beam_size, length_penalty)
-            for part in np.split(source, rows // chunk)
-        ]
+        progress = Progress(f"decoding {len(ids):,} sentences (beam {beam_size})", rows // chunk, "sentences")
+        outputs = await_each(
+            (self._search(params, jnp.asarray(part), jnp.asarray(part > 0, jnp.int32), beam_size, length_penalty)
+             for part in np.split(source, rows // chunk)),
+            progress, [min(chunk, len(ids) - start) for start in range(0, rows, chunk)],  # real sentences
+        )
         return np.concatenate(jax.device_get(outputs))[: len(ids)]
 
     @functools.partial(jax.jit, static_argnums=(0, 4, 5))

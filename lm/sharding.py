@@ -12,7 +12,6 @@ from collections.abc import Sequence
 
 import flax.linen as nn
 import jax
-import ml_collections
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -36,13 +35,17 @@ DEFAULT_RULES = (
 )
 
 
-def mesh_options() -> ml_collections.ConfigDict:
-    """Config fields for the mesh axis sizes; -1 takes all remaining devices (data parallel by default)."""
-    return ml_collections.ConfigDict({"data": -1, "fsdp": 1, "expert": 1, "tensor": 1})
+def fake_devices(needed: int, num_devices: int, on_cpu: bool) -> str:
+    """How to fake the CPU devices a mesh lacks, as the end of its error message ('' if none lack)."""
+    if not on_cpu or needed <= num_devices:
+        return ""
+    return (f"; on a CPU, fake {needed} devices: XLA_FLAGS=--xla_force_host_platform_device_count={needed} "
+            "before the command (docs/launching.md)")
 
 
-def mesh_shape(sizes: dict[str, int], num_devices: int) -> tuple[int, ...]:
-    """Resolves -1 (at most one) so the product of the axis sizes is num_devices."""
+def mesh_shape(sizes: dict[str, int], num_devices: int, on_cpu: bool = False) -> tuple[int, ...]:
+    """Resolves -1 (at most one) so the product of the axis sizes is num_devices; on_cpu: a mesh that
+    needs more devices says how to fake them."""
     shape = [int(sizes[axis]) for axis in MESH_AXES]
     described = ", ".join(f"{a}={s}" for a, s in zip(MESH_AXES, shape, strict=True))
     if shape.count(-1) > 1 or any(s == 0 or s < -1 for s in shape):
@@ -50,19 +53,22 @@ def mesh_shape(sizes: dict[str, int], num_devices: int) -> tuple[int, ...]:
     known = math.prod(s for s in shape if s != -1)
     if -1 in shape:
         if num_devices % known:
-            raise UserError(f"mesh {described} does not divide the {num_devices} devices")
+            raise UserError(f"mesh {described} does not divide the {num_devices} devices"
+                            + fake_devices(known, num_devices, on_cpu))
         shape[shape.index(-1)] = num_devices // known
     if math.prod(shape) != num_devices:
         raise UserError(
             f"mesh {described} needs {math.prod(shape)} devices but {num_devices} are available; "
-            "set one axis to -1 to use all of them"
+            "set one axis to -1 to use all of them" + fake_devices(math.prod(shape), num_devices, on_cpu)
         )
     return tuple(shape)
 
 
 def make_mesh(sizes: dict[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """The mesh of axis sizes (mesh_shape) over devices (default: all); on CPUs, a mesh larger than the
+    devices says how to fake more of them."""
     devices = list(jax.devices() if devices is None else devices)
-    shape = mesh_shape(sizes, len(devices))
+    shape = mesh_shape(sizes, len(devices), on_cpu=devices[0].platform == "cpu")
     return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
 
 

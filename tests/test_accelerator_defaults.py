@@ -91,7 +91,7 @@ def test_the_loop_reads_device_values_only_at_log_eval_and_checkpoint_steps(data
                                                                            monkeypatch):
     """24 steps, one log/eval/checkpoint at the end: no implicit device->host transfer at all (the
     transfer guard raises on one), and a handful of explicit reads (the step-0 and final evals, the
-    final log and NaN check), not one per step."""
+    first step's printed line, the final log and NaN check), not one per step."""
     test_config.train.update(num_steps=24, log_every=24, checkpoint_every=24)
     test_config.eval.every = 24
     reads = []
@@ -99,7 +99,7 @@ def test_the_loop_reads_device_values_only_at_log_eval_and_checkpoint_steps(data
     monkeypatch.setattr(jax, "device_get", lambda tree: reads.append(1) or device_get(tree))
     with jax.transfer_guard_device_to_host("disallow"):
         loop.train(test_config, str(tmp_path), build_experiment, devices=jax.devices()[:1])
-    assert 0 < len(reads) <= 6, len(reads)
+    assert 0 < len(reads) <= 7, len(reads)
 
 
 def test_the_compilation_cache_is_on_by_default(tmp_path, monkeypatch):

@@ -6,6 +6,7 @@ wiring, exit codes of signals, a fresh process's devices and compilation cache."
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -97,7 +98,7 @@ def test_bad_override_is_one_line_and_writes_nothing(tmp_path, override, fragmen
         ("--config.train.batch_size=7 --config.train.grad_accum_steps=2", ["grad_accum_steps"]),
         ("--config.model.num_heads=3", ["embed_dim=32 is not divisible by model.num_heads=3"]),
         ("--config.model.moe.num_experts=2 --config.model.moe.top_k=3", ["top_k <= num_experts", "top_k=3"]),
-        ("--config.mesh.data=16", ["needs 16 devices but 1 are available"]),
+        ("--config.mesh.data=16", ["needs 16 devices but 1 are available", "device_count=16 before the command"]),
         ("--config.train.on_nonfinite=ignore", ["on_nonfinite", "'stop' or 'skip'"]),
     ],
 )
@@ -135,11 +136,33 @@ def test_unwritable_workdir(tmp_path, data_dir, capsys):
 
 
 def test_checkpoint_of_another_model_shape_is_refused_untouched(trained_run, capsys):
+    """The error names the config field in which the run's config.json differs, with both values."""
     _, workdir, _ = trained_run
     before = snapshot(workdir)
     result = train_in_process(capsys, workdir, "--config.model.embed_dim=64")
-    assert_user_error(result, "does not fit this model", "new --workdir")
+    assert_user_error(result, f"{workdir} holds a run with model.embed_dim=32 (config.json), this config has "
+                      "model.embed_dim=64: drop the override (or resume with --config.model.embed_dim=32) or use "
+                      "another --workdir")
     assert snapshot(workdir) == before
+
+
+def test_checkpoints_kept_elsewhere_are_compared_through_the_workdirs_config(trained_run, tmp_path, capsys):
+    """With train.checkpoint_dir elsewhere, the workdir's config.json names the fields; a workdir without
+    one (nothing to compare) gets the first array of another shape."""
+    _, source, _ = trained_run
+    shutil.copytree(source / "checkpoints", tmp_path / "elsewhere")  # (the shared run stays untouched)
+    workdir = tmp_path / "run"
+    overrides = [f"--config.train.checkpoint_dir={tmp_path / 'elsewhere'}", "--config.model.num_heads=4",
+                 "--config.model.num_kv_heads=4"]
+    assert_user_error(train_in_process(capsys, workdir, *overrides),
+                      "does not fit this model: params/decoder/block_0/attention/key/bias is (2, 16) there but (4, 8) "
+                      "here")
+    workdir.mkdir()
+    (workdir / "config.json").write_text((source / "config.json").read_text())
+    assert_user_error(train_in_process(capsys, workdir, *overrides),
+                      f"{workdir} holds a run with model.num_heads=2, model.num_kv_heads=2 (config.json), this "
+                      "config has model.num_heads=4, model.num_kv_heads=4: drop the overrides (or resume with "
+                      "--config.model.num_heads=2 --config.model.num_kv_heads=2)")
 
 
 def test_sampling_from_a_checkpoint(trained_run, capsys):

@@ -108,7 +108,7 @@ def test_damaged_translation_and_image_files_are_named(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("override, fragment", [
     ("--config.model.num_heads=3", "not divisible by model.num_heads=3"),  # a config check, before the lock
-    ("--config.init_from=/nowhere/run", "no such file or directory"),  # after the checkpoints folder is opened
+    ("--config.init_from=/nowhere/run", "init_from=/nowhere/run not found"),  # after the checkpoints folder is opened
 ])
 def test_a_run_stopped_by_a_check_leaves_the_filesystem_as_it_was(tmp_path, data_dir, capsys, override, fragment):
     elsewhere = f"--config.train.checkpoint_dir={tmp_path / 'elsewhere' / 'checkpoints'}"

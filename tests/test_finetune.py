@@ -218,3 +218,37 @@ def test_scores_from_the_sharded_eval_pass_equal_a_direct_computation(data_dir, 
     assert experiment.eval_scores(evaluation.outputs) == pytest.approx({f"dev_{k}": v for k, v in direct.items()})
     assert {k: final[f"{dev}_{k}"] for k in direct} == pytest.approx(direct)
     assert final[f"{dev}_loss"] == pytest.approx(direct_loss, rel=1e-5) == evaluation["loss"]
+
+
+def test_init_from_is_checked_before_its_tokenizer_and_another_size_names_the_variant(tmp_path):
+    """A missing init_from is reported as missing (not as a missing tokenizer); a pretraining run of another
+    encoder size names the fields that differ, both values, and the variant of its size."""
+    from configs import bert, bert_finetune
+    from experiments.finetune import build
+
+    config = bert_finetune.get_config("sst2")
+    config.init_from = str(tmp_path / "gone")
+    with pytest.raises(UserError, match=rf"^init_from={tmp_path}/gone not found: give a run folder written by lm "
+                                        r"train, its checkpoints folder, or one step's folder$"):
+        build(config)
+    pretrain = bert.get_config("tiny")
+    (tmp_path / "bert_tiny" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "bert_tiny" / "config.json").write_text(pretrain.to_json_best_effort())
+    config.init_from = str(tmp_path / "bert_tiny" / "checkpoints")  # (found above it)
+    with pytest.raises(UserError) as error:
+        build(config)
+    assert str(error.value) == (
+        f"init_from={config.init_from} holds an encoder of another size: model.num_layers=2, model.num_heads=2, "
+        "model.num_kv_heads=2, model.embed_dim=64, model.dropout=0.0, model.attention_dropout=0.0, "
+        "model.max_positions=64 (its config.json), this config has model.num_layers=4, model.num_heads=4, "
+        "model.num_kv_heads=4, model.embed_dim=256, model.dropout=0.1, model.attention_dropout=0.1, "
+        "model.max_positions=512: use --config=configs/bert_finetune.py:sst2_tiny, the variant of that size")
+    config = bert_finetune.get_config("sst2_tiny")  # that size: on to the tokenizer, which this run lacks
+    config.init_from = str(tmp_path / "bert_tiny")
+    with pytest.raises(UserError, match="has no saved tokenizer"):
+        build(config)
+    pretrain.model.num_layers = 1  # no variant has it
+    (tmp_path / "bert_tiny" / "config.json").write_text(pretrain.to_json_best_effort())
+    with pytest.raises(UserError, match=r"model.num_layers=1 \(its config.json\), this config has model.num_layers=2: "
+                                        r"run with --config.model.num_layers=1$"):
+        build(config)

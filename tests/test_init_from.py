@@ -167,19 +167,27 @@ def test_a_run_starts_from_another_runs_parameters(trained_run, tmp_path, test_c
 
 def test_a_head_of_another_shape_or_a_missing_source_stops_before_anything_is_written(trained_run, tmp_path,
                                                                                      test_config):
+    """The error names the model fields in which the source run's config.json differs, with both values
+    and the flags that match it; a source without one (nothing to compare) gets the parameter's shapes."""
     _, source, _ = trained_run
     workdir = tmp_path / "run"
     test_config.init_from = str(source)
     test_config.model.vocab_multiple = 256  # the (tied) embedding: 256 rows, not 128
-    with pytest.raises(UserError, match=r"init_from: token_embed/embedding is \(128, 32\) in .*/checkpoints "
-                                        r"step 40 but \(256, 32\) in this model; .*init_from_rename='SUBTREE:'"):
+    with pytest.raises(UserError, match=rf"^init_from={source} holds a model with model.vocab_multiple=64 \(its "
+                                        r"config.json\), this config has model.vocab_multiple=256: run with "
+                                        r"--config.model.vocab_multiple=64, or give init_from a run of this model$"):
         train(test_config, str(workdir), build_experiment, devices=jax.devices()[:1])
-    # With the source's embedding left out there is no error: this model's stays fresh.
     abstract = jax.eval_shape(lambda: {"token_embed": {"embedding": jnp.zeros((256, 32))}})
+    source_params = {"token_embed": {"embedding": jnp.zeros((128, 32))}}
+    with pytest.raises(UserError, match=r"init_from: token_embed/embedding is \(128, 32\) in the test's dict but "
+                                        r"\(256, 32\) in this model; .*init_from_rename='SUBTREE:'"):
+        init_from.plan(DictSource(source_params), [], abstract)
+    # With the source's embedding left out there is no error: this model's stays fresh.
     plan = init_from.prepare(str(source), "token_embed:", abstract, None, test_config)
     assert plan.initialised == ["token_embed/embedding"]
     test_config.init_from = str(tmp_path / "nowhere")
-    with pytest.raises(UserError, match=f"init_from={tmp_path}/nowhere: no such file or directory"):
+    with pytest.raises(UserError, match=f"init_from={tmp_path}/nowhere not found: give a run folder written by "
+                                        "lm train, its checkpoints folder, or one step's folder"):
         train(test_config, str(workdir), build_experiment, devices=jax.devices()[:1])
     assert not workdir.exists()  # nor an empty checkpoints folder in it
 
@@ -193,3 +201,4 @@ def test_a_checkpoint_or_step_folder_is_a_source_too(trained_run, test_config, m
                            (f"{source.name}/checkpoints", 40), (f"{source.name}/checkpoints/30", 30)]:
         plan = init_from.prepare(str(location), "", abstract, None, test_config)
         assert plan.source.description == f"{source / 'checkpoints'} step {step}" and len(plan.dropped) == 35
+        assert plan.source.run_config == json.loads((source / "config.json").read_text())  # the run's, above

@@ -13,7 +13,7 @@ from conftest import REPO
 # runs sit with the commands. A new top-level module must be placed here.
 LAYERS = (
     ("lm.errors", "lm.cpu", "lm.runs", "lm.distributed", "lm.plots", "lm.task_metrics", "lm.losses",
-     "lm.sharding"),
+     "lm.sharding", "lm.progress"),
     ("lm.layers", "lm.data"),
     ("lm.models",),
     ("lm.decode", "lm.hf"),

@@ -46,7 +46,7 @@ def test_two_processes_match_one_stop_together_and_restore_on_other_meshes(tmp_p
         subprocess.Popen(
             ["bash", "launch/multinode.sh", "--config=configs/gpt_shakespeare.py:test", f"--workdir={multi}",
              "--config.train.num_steps=100000", "--config.train.log_every=2", "--config.eval.every=100000",
-             "--config.train.checkpoint_every=100000"],
+             "--config.train.checkpoint_every=100000", "--config.optimizer.decay_steps=20"],
             cwd=REPO, env={**env, "NODE_RANK": str(i)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         for i in range(2)
@@ -68,6 +68,7 @@ def test_two_processes_match_one_stop_together_and_restore_on_other_meshes(tmp_p
 
     # 1 process x 8 devices on another mesh (data 4 x fsdp 2), without a break.
     test_config.train.update(num_steps=stop + 4, log_every=2, checkpoint_every=100000)
+    test_config.optimizer.decay_steps = 20  # the schedule of the 2-process run
     test_config.eval.every = 100000
     test_config.mesh.update(data=4, fsdp=2)
     single = tmp_path / "single"

@@ -11,7 +11,17 @@ import ml_collections
 import pytest
 
 from lm.errors import UserError
-from lm.layers.options import check_options, config_key, config_value, defaults, from_section, option, option_fields
+from lm.layers.options import (
+    Description,
+    check_options,
+    config_key,
+    config_value,
+    declared_section,
+    description,
+    from_section,
+    option,
+    option_fields,
+)
 from lm.layers.transformer import MoeConfig, TransformerConfig
 from lm.models.config import NOT_ABLATIONS, transformer_config, transformer_options
 
@@ -125,7 +135,10 @@ def test_a_new_option_is_one_field():
         def __post_init__(self):
             check_options(self, "toy.")
 
-    assert defaults(Toy) == {"kind": "a", "scale_name": "one", "inner": {"width": 3}}
+    section = declared_section(Toy)
+    assert section.to_dict() == {"kind": "a", "scale_name": "one", "inner": {"width": 3}}
+    assert description(section, "scale_name") == Description("a mapped value", ("one", "two"))
+    assert description(section.inner, "width") == Description("a width")
     assert from_section(Toy, {"scale_name": "two", "inner": {"width": 5}, "other": 0}) == Toy("a", 2.0, Inner(5))
     with pytest.raises(UserError, match=r"^toy.scale_name='three': use one of \('one', 'two'\)$"):
         from_section(Toy, {"scale_name": "three"})

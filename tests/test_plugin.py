@@ -76,7 +76,7 @@ CONFIG = '''
 import ml_collections
 
 from lm import sharding
-from lm.train.options import optimizer_options, run_options, train_options
+from lm.train.options import mesh_options, optimizer_options, run_options, train_options
 
 
 def get_config():
@@ -86,7 +86,7 @@ def get_config():
     config.train = train_options(batch_size=16, num_steps=40, log_every=10, checkpoint_every=20,
                                  compilation_cache_dir="none")
     config.eval = ml_collections.ConfigDict({"every": 20})
-    config.mesh = sharding.mesh_options()
+    config.mesh = mesh_options()
     config.sharding_rules = sharding.DEFAULT_RULES
     return config
 '''

@@ -11,7 +11,7 @@ from lm import sharding
 from lm.cli.resolve import build_experiment
 from lm.errors import UserError
 from lm.layers.partitioning import constrain, take_rows
-from lm.train.optim import make_optimizer
+from lm.train.optim import make_optimizer, resolve_schedule
 from lm.train.setup import abstract_state, state_builder
 
 
@@ -33,6 +33,22 @@ def test_bad_meshes_are_user_errors(sizes, message):
         sharding.mesh_shape(sizes, 8)
 
 
+def test_a_mesh_larger_than_the_cpu_devices_says_how_to_fake_them():
+    fake = r"on a CPU, fake (\d+) devices: XLA_FLAGS=--xla_force_host_platform_device_count=\1 before the command"
+    with pytest.raises(UserError, match=r"does not divide the 1 devices; " + fake) as error:
+        sharding.make_mesh({"data": -1, "fsdp": 4, "expert": 1, "tensor": 1}, jax.devices()[:1])
+    assert "count=4 " in str(error.value)
+    with pytest.raises(UserError, match=r"needs 16 devices but 8 are available; .*; " + fake) as error:
+        sharding.make_mesh({"data": 16, "fsdp": 1, "expert": 1, "tensor": 1})
+    assert "count=16 " in str(error.value)
+    with pytest.raises(UserError) as error:  # fewer than the devices: nothing to fake
+        sharding.make_mesh({"data": 2, "fsdp": 1, "expert": 1, "tensor": 1})
+    assert "fake" not in str(error.value)
+    with pytest.raises(UserError) as error:  # an accelerator's devices cannot be faked
+        sharding.mesh_shape({"data": 16, "fsdp": 1, "expert": 1, "tensor": 1}, 8, on_cpu=False)
+    assert "fake" not in str(error.value)
+
+
 def test_batch_must_divide_the_data_axes():
     mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "expert": 2, "tensor": 1})
     sharding.check_batch(16, 2, mesh)
@@ -45,7 +61,7 @@ def test_batch_must_divide_the_data_axes():
 def test_parameters_are_sharded_by_the_logical_rules(data_dir, test_config):
     mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "expert": 1, "tensor": 2})
     rules = sharding.logical_rules(test_config.sharding_rules)
-    init = state_builder(build_experiment(test_config), make_optimizer(test_config.optimizer))
+    init = state_builder(build_experiment(test_config), make_optimizer(resolve_schedule(test_config).optimizer))
     shapes, shardings = abstract_state(init, jax.random.key(0), mesh, rules)
     params = shardings.params
     assert params["decoder"]["block_0"]["mlp"]["up"]["kernel"].spec == P("fsdp", "tensor")
@@ -62,7 +78,7 @@ def test_a_mesh_axis_that_does_not_divide_a_parameter_is_a_user_error(data_dir, 
     test_config.model.moe.num_experts = 4
     mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "expert": 8, "tensor": 1})
     rules = sharding.logical_rules(test_config.sharding_rules)
-    init = state_builder(build_experiment(test_config), make_optimizer(test_config.optimizer))
+    init = state_builder(build_experiment(test_config), make_optimizer(resolve_schedule(test_config).optimizer))
     with pytest.raises(UserError, match=r"a dimension of 4 cannot be split over mesh axes expert \(8 devices\)"):
         abstract_state(init, jax.random.key(0), mesh, rules)
 

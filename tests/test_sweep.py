@@ -3,8 +3,10 @@
 import json
 import math
 import pathlib
+import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -74,11 +76,11 @@ class RecordingRunner:
 
 
 @pytest.mark.parametrize("axes, overrides, message", [
-    ({"model.nrm": ["layer", "rms"]}, {}, "unknown key nrm"),
+    ({"model.nrm": ["layer", "rms"]}, {}, "unknown config key model.nrm; did you mean model.norm"),
     ({"seed": ["0", "x"]}, {}, "--config.seed=x"),
     ({"seed": ["0"], "model.norm": []}, {}, "model.norm has no values"),
     ({"seed": ["0"]}, {"seed": "1"}, "both a sweep axis"),
-    ({"seed": ["0"]}, {"train.nope": "1"}, "unknown key nope"),
+    ({"seed": ["0"]}, {"train.nope": "1"}, "unknown config key train.nope"),
     ({}, {}, "no sweep axes"),
 ])
 def test_bad_sweeps_fail_before_any_arm_runs(tmp_path, axes, overrides, message):
@@ -89,7 +91,7 @@ def test_bad_sweeps_fail_before_any_arm_runs(tmp_path, axes, overrides, message)
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--sweep=model.nrm=layer,rms"], "unknown key nrm"),
+    (["--sweep=model.nrm=layer,rms"], "unknown config key model.nrm"),
     (["--sweep=seed=0,1", "--config.train.num_steps=many"], "--config.train.num_steps=many"),
     (["--sweep=seed="], "needs one or more non-empty values"),
 ])
@@ -124,6 +126,61 @@ def test_finished_arms_are_skipped_and_the_others_run(tmp_path):
     sweep.run_sweep(TEST_CONFIG, {"seed": ["0", "1", "2", "3", "4"]}, {"train.num_steps": "4"}, workdir,
                     runner=runner)
     assert [call[2] for call in runner.calls] == ["seed=3", "seed=4"]  # the failed and the interrupted arm
+
+
+def make_arms(tmp_path, statuses: list[str], num_steps: int = 100) -> list[sweep.Arm]:
+    return [sweep.Arm(f"seed={i}", {"seed": str(i)}, tmp_path / f"seed={i}", num_steps, status)
+            for i, status in enumerate(statuses)]
+
+
+def test_progress_line_shows_the_running_arms_and_the_sweeps_time_left(tmp_path):
+    arms = make_arms(tmp_path, ["finished", "running", "running", "pending", "pending"])
+    arms[0].seconds = 200.0
+    arms[1].started = arms[2].started = 1000.0
+    records = {"seed=1": {"step": 40, "loss": 2.34567, "steps_per_second": 0.5}, "seed=2": None}
+    # seed=1: 60 steps at 0.5/s = 120 s; seed=2: not logged yet, 200 - 50 s run = 150 s; 2 pending x 200 s;
+    # (120 + 150 + 400) s over 2 slots
+    assert sweep.progress_line(arms, records, now=1050.0, parallel=2) == (
+        "sweep: 1 of 5 arms done | arm 2 seed=1 step 40/100 loss 2.3457 | arm 3 seed=2 starting | ETA 0:05:35")
+    # nothing finished yet: the running arms' rates give an arm's time (100 steps at 0.5/s)
+    arms[0].status, arms[2].status = "failed (exit 1)", "pending"
+    assert sweep.remaining_seconds(arms, records, now=1050.0, parallel=1) == pytest.approx(120 + 3 * 200)
+    assert sweep.remaining_seconds(arms, {"seed=1": None}, now=1050.0, parallel=1) is None
+    assert sweep.progress_line(arms, {"seed=1": None}, now=1050.0, parallel=1).endswith("| ETA unknown")
+    for arm in arms:
+        arm.status = "finished"
+    assert sweep.remaining_seconds(arms, {}, now=1050.0, parallel=1) == 0.0
+
+
+def test_latest_record_is_the_last_train_record_of_the_log(tmp_path):
+    assert sweep.latest_record(tmp_path) is None  # not started
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0, "eval_loss": 4.0}\n')
+    assert sweep.latest_record(tmp_path) is None
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0, "eval_loss": 4.0}\n{"step": 10, "loss": 3.0}\n'
+                                            '{"step": 10, "eval_loss": 3.5}\n{"step": 20, "lo')  # being written
+    assert sweep.latest_record(tmp_path) == {"step": 10, "loss": 3.0}
+
+
+def test_a_sweep_prints_arm_i_of_n_and_progress_lines_while_arms_run(tmp_path, capsys):
+    def slow_runner(spec, overrides, workdir):
+        workdir.mkdir(parents=True, exist_ok=True)
+        for step in (1, 2):
+            with (workdir / "metrics.jsonl").open("a") as log:
+                log.write(json.dumps({"step": step, "loss": 3.0 / step, "steps_per_second": 10.0}) + "\n")
+            time.sleep(0.3)
+        (workdir / "results.json").write_text(json.dumps({"step": 2}))
+        return 0
+
+    sweep.run_sweep(TEST_CONFIG, {"seed": ["0", "1"]}, {"train.num_steps": "2"}, tmp_path / "sweep",
+                    runner=slow_runner, progress_every=0.05)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == "start arm 1 of 2: seed=0"
+    assert re.fullmatch(r"finished arm 2 of 2: seed=1 in 0:00:0\d", lines[-1])
+    progress = [line for line in lines if line.startswith("sweep: ")]
+    assert re.fullmatch(r"sweep: 0 of 2 arms done \| arm 1 seed=0 step ([12])/2 loss (3\.0000|1\.5000) \| ETA 0:00:0\d",
+                        progress[0])
+    assert any(line.startswith("sweep: 1 of 2 arms done | arm 2 seed=1 step ") for line in progress)
+    assert len(progress) == len(set(progress)) <= 4  # a line only when an arm logged
 
 
 def test_sweep_file(tmp_path):

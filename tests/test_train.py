@@ -7,6 +7,7 @@ import jax
 import numpy as np
 import pytest
 
+from lm import progress
 from lm.cli.resolve import build_experiment
 from lm.train.compiled import CompiledPerShape
 from lm.train.flops import peak_flops_per_device
@@ -48,6 +49,29 @@ def test_mfu_only_against_a_data_sheet_or_a_given_peak(tmp_path, data_dir, test_
     assert "MFU" in capsys.readouterr().out and logged(tmp_path / "given", "mfu").keys() == {1, 2}
 
 
+def test_a_run_prints_its_first_step_at_once_and_the_progress_of_long_eval_passes(tmp_path, data_dir, test_config,
+                                                                                 capsys, monkeypatch):
+    """log_every=4: a slow model's first line comes after its first step (also when it resumes), not 4
+    steps later; the log files keep their records every log_every steps (and at the end). An eval pass
+    (of 2 batches) longer than lm.progress.PROGRESS_SECONDS (0 s here) prints where it is."""
+    def printed() -> tuple[list[int], list[str]]:
+        lines = capsys.readouterr().out.splitlines()
+        return ([int(line.split()[1]) for line in lines if line.startswith("step") and "| loss " in line],
+                [line.split(" | ")[0] for line in lines if " pass: " in line])
+
+    monkeypatch.setattr(progress, "PROGRESS_SECONDS", 0.0)
+    test_config.train.update(num_steps=6, log_every=4, checkpoint_every=6)
+    test_config.optimizer.decay_steps = 8
+    train(test_config, str(tmp_path), build_experiment, devices=jax.devices()[:1])
+    steps, passes = printed()
+    assert steps == [1, 4, 6]
+    assert passes == ["eval pass: 1 of 2"] * 2  # at steps 0 and 6
+    test_config.train.num_steps = 8
+    train(test_config, str(tmp_path), build_experiment, devices=jax.devices()[:1])
+    assert printed()[0] == [7, 8]
+    assert sorted(logged(tmp_path)) == [4, 6, 8]
+
+
 def test_resume_is_exact(tmp_path, data_dir, test_config):
     test_config.train.log_every = 1
     device = jax.devices()[:1]
@@ -56,7 +80,8 @@ def test_resume_is_exact(tmp_path, data_dir, test_config):
     straight_config = test_config.copy_and_resolve_references()
     # The interrupted run keeps its checkpoints outside its workdir (a bucket or Drive, say).
     test_config.train.checkpoint_dir = str(tmp_path / "elsewhere")
-    test_config.train.num_steps = 10  # stop half way (the schedule still ends at step 20) ...
+    test_config.optimizer.decay_steps = 20  # the straight run's schedule, explicit: it ends at step 20 ...
+    test_config.train.num_steps = 10  # ... while the run stops half way ...
     test_config.train.prefetch = 0  # (and load each batch in the loop, not ahead: the same batches)
     train(test_config, str(interrupted), build_experiment, devices=device)
     test_config.train.num_steps = 20  # ... and rerun the same command to finish
@@ -208,6 +233,7 @@ def test_ctrl_c_finishes_the_step_saves_and_the_rerun_resumes_exactly(tmp_path, 
     from lm.train.loop import Stopped
 
     test_config.train.update(num_steps=100_000, log_every=1, checkpoint_every=100_000)
+    test_config.optimizer.decay_steps = 20  # one schedule for the interrupted run and the straight one below
     test_config.eval.every = 100_000
     workdir = tmp_path / "run"
     handler_before = signal.getsignal(signal.SIGINT)  # pytest's, or SIG_IGN in a background job

@@ -12,6 +12,7 @@ import pytest
 from conftest import shared_folder, train_sentencepiece_once
 
 from experiments.translation import Translation, build
+from lm import progress
 from lm.cli.resolve import build_experiment
 from lm.data import translation
 from lm.errors import UserError
@@ -129,6 +130,23 @@ def test_eval_metrics_are_token_weighted(rnn_experiment):
     assert [float(w) for _, w in outputs] == [len(t) for t in per_token]
     assert weighted["cross_entropy"] == pytest.approx(np.concatenate(per_token).mean(), rel=1e-5)
     assert weighted["cross_entropy"] != pytest.approx(np.mean([t.mean() for t in per_token]), rel=1e-3)
+
+
+def test_decoding_in_chunks_prints_its_progress(rnn_experiment, monkeypatch, capsys):
+    """5 sentences in chunks of 2 (the last one padded): a progress line after each chunk but the last
+    (lm.progress, every 0 s here)."""
+    config = rnn_experiment.config.copy_and_resolve_references()
+    config.model.update(embed_dim=16, hidden_dim=16)
+    config.eval.batch_size = 2
+    experiment = Translation(config, rnn_experiment.source_tokenizer, rnn_experiment.target_tokenizer)
+    params = nn.unbox(experiment.init(jax.random.key(0)))["params"]
+    sentences = [rnn_experiment.source_tokenizer.decode(ids) for ids in rnn_experiment.splits["train"][0][:5]]
+    monkeypatch.setattr(progress, "PROGRESS_SECONDS", 0.0)
+    ids = experiment.translate_ids(params, sentences)
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" | ")[0] for line in lines] == ["decoding 5 sentences (beam 1): 1 of 3",
+                                                        "decoding 5 sentences (beam 1): 2 of 3"]
+    assert lines[1].split(" | ")[1].endswith(" sentences/s") and ids.shape[0] == 5
 
 
 def test_max_train_pairs_keeps_the_first_pairs_and_rejects_a_negative_count(rnn_experiment):

@@ -32,14 +32,12 @@ def pretrained_vs_scratch(*encoders: str) -> dict[str, list]:
 
 def cpu_budget(steps: int, max_seq_len: int = 64, evals: int = 2, **data) -> dict:
     """OVERRIDES of a CPU study: `steps` steps of rows of max_seq_len pieces (and the other data.* options
-    given), warmup over a tenth of them and decay over all, the dev scores every steps / evals steps (evals=0:
-    only once, after the last step), one checkpoint at the end."""
+    given; the fine-tuning schedule follows the run: warmup over a tenth of them, decay over all), the dev
+    scores every steps / evals steps (evals=0: only once, after the last step), one checkpoint at the end."""
     return {
         "data.max_seq_len": max_seq_len,
         **{f"data.{key}": value for key, value in data.items()},
         "train.num_steps": steps,
-        "optimizer.decay_steps": steps,
-        "optimizer.warmup_steps": steps // 10,
         "eval.every": steps // evals if evals else 0,
         "train.checkpoint_every": steps,
     }

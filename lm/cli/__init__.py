@@ -1,6 +1,7 @@
 """The `lm` command: `lm <command> [flags]`, or `python -m lm <command> [flags]`, runs
-lm/cli/<command>.py; `lm --help` lists the commands, `lm <command> --help` a command's flags. Also the
-plumbing the commands share: flag parsing with bad config overrides reported on one line (exit 2)."""
+lm/cli/<command>.py; `lm --help` lists the commands, `lm <command> --help` a command's usage and flags.
+Also the plumbing the commands share: flags defined once per process, and flag mistakes (an unknown or
+malformed flag, a stray argument) reported on one line, exit code 2."""
 
 import ast
 import importlib
@@ -13,6 +14,10 @@ from absl import flags
 from lm.errors import EXIT_USER_ERROR, fail
 
 COMMANDS = ("train", "sample", "eval", "export", "prepare", "sweep", "compare", "translate")  # lm/cli/<command>.py
+HELP_FLAGS = ("-h", "-?", "--help", "--helpshort", "--helpfull")  # answered with the command's own help
+
+# The flags the helpers below define belong to the command that calls them (its --help lists them).
+flags.disclaim_key_flags()
 
 
 def summary(command: str) -> str:
@@ -39,7 +44,19 @@ def main(argv: list[str] | None = None) -> None:
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # as `python -m lm` does: configs and experiments of the folder run in
     sys.argv = [f"lm {command}", *argv[2:]]
-    importlib.import_module(f"lm.cli.{command}").run()
+    module = importlib.import_module(f"lm.cli.{command}")
+    if set(HELP_FLAGS) & set(argv[2:]):
+        print(command_help(module, full="--helpfull" in argv[2:]))
+        sys.exit(0)
+    module.run()
+
+
+def command_help(module, full: bool = False) -> str:
+    """A command's --help: its module docstring (the usage) and the flags it defines; full (--helpfull):
+    then every flag of the process, absl's own too."""
+    own = flags.FLAGS.module_help(module).strip().partition("\n")[2]  # without its "lm.cli.<command>:" heading
+    text = f"{module.__doc__.strip()}\n\nflags:\n{own}"
+    return f"{text}\n\nall flags:\n{flags.FLAGS.get_help()}" if full else text
 
 
 def define_string_once(name: str, help_text: str, required: bool = False) -> flags.FlagHolder:
@@ -59,13 +76,15 @@ def define_workdir(help_text: str) -> flags.FlagHolder:
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-    """absl flag parsing, with bad config overrides reported on one line instead of a traceback."""
+    """absl flag parsing, a mistake (an unknown flag: absl suggests the closest) reported on one line."""
     try:
         return flags.FLAGS(argv)
     except flags.Error as e:
-        fail(str(e))
-    except (AttributeError, KeyError, TypeError, ValueError) as e:
-        # ml_collections reports unknown keys as AttributeError("'key'\nDid you mean ...").
-        detail = str(e).replace("\\n", " ").replace("\\'", "'").strip("'\"")
-        overrides = [a for a in argv[1:] if a.startswith("--config.")]
-        fail(f"bad config override ({' '.join(overrides) or 'none'}): {detail}")
+        fail(f"{e} ({argv[0]} --help lists its flags)")
+
+
+def reject_arguments(argv: list[str]) -> None:
+    """For a command that takes flags only: anything else on its command line (argv: what absl left of
+    it, argv[0] the command) is a one-line error."""
+    if len(argv) > 1:
+        fail(f"unexpected arguments {' '.join(argv[1:])}: {argv[0]} takes flags only ({argv[0]} --help lists them)")

@@ -31,7 +31,7 @@ import numpy as np
 from absl import app, flags
 
 from lm.cli import define_string_once, parse_flags
-from lm.errors import UserError, run_user_errors
+from lm.errors import UserError, fail, run_user_errors
 from lm.runs import CONFIG_FILE, METRICS_FILE, RESULTS_FILE, SUMMARY_FILE
 
 SPIKE_NATS = 1.0  # the default --spike
@@ -245,7 +245,7 @@ def compare(roots: str | list[str], out: str | None = None, group_by: list[str] 
 
 def main(argv: list[str]) -> None:
     if len(argv) < 2:
-        raise app.UsageError("pass one or more directories of runs: lm compare runs/norm")
+        fail("pass one or more directories of runs: lm compare runs/norm")
     run_user_errors(lambda: compare(argv[1:], _OUT.value, _GROUP_BY.value, _SPIKE.value, _PLOT.value))
 
 

@@ -15,7 +15,7 @@ import pathlib
 
 from absl import app, flags, logging
 
-from lm.cli import define_string_once, define_workdir, parse_flags
+from lm.cli import define_string_once, define_workdir, parse_flags, reject_arguments
 from lm.cli.resolve import find_experiment, load_config
 from lm.errors import UserError, run_user_errors
 
@@ -39,8 +39,7 @@ def evaluate(workdir: pathlib.Path, step: int | None, out: str | None) -> dict[s
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    reject_arguments(argv)
     logging.set_verbosity(logging.WARNING)
     run_user_errors(lambda: evaluate(pathlib.Path(_WORKDIR.value), _STEP.value, _OUT.value))
 

@@ -16,7 +16,7 @@ import jax
 from absl import app, flags, logging
 from jax.sharding import SingleDeviceSharding
 
-from lm.cli import define_string_once, define_workdir, parse_flags
+from lm.cli import define_string_once, define_workdir, parse_flags, reject_arguments
 from lm.errors import UserError, run_user_errors
 
 _WORKDIR = define_workdir("A run folder written by lm train.")
@@ -40,8 +40,7 @@ def export_run(workdir: pathlib.Path, out: pathlib.Path, dtype: str) -> None:
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    reject_arguments(argv)
     logging.set_verbosity(logging.WARNING)
 
     def export_to_out():

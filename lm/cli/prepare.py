@@ -1,4 +1,4 @@
-"""Tokenize text files for a GPT: token files (nanoGPT's train.bin / val.bin) and the tokenizer.
+r"""Tokenize text files for a GPT: token files (nanoGPT's train.bin / val.bin) and the tokenizer.
 
   lm prepare --text=input.txt [--text=more.txt ...] --tokenizer=bpe --vocab_size=2048 \
       --out=/data/shakespeare_bpe [--val_fraction=0.1]
@@ -24,15 +24,17 @@ import pathlib
 import numpy as np
 from absl import app, flags
 
-from lm.cli import define_string_once, parse_flags
-from lm.data.bpe import BPETokenizer
+from lm.cli import define_string_once, parse_flags, reject_arguments
+from lm.data.bpe import BPETokenizer, split_text
 from lm.data.tokens import TOKEN_DTYPES
 from lm.errors import UserError, run_user_errors
+from lm.progress import Progress
 
 TOKENIZERS = ("bpe", "gpt2")
 META_FILE = "meta.json"
 TOKENIZER_FILE = "tokenizer.json"
 UINT16_IDS = 1 << 16
+PIECE_CHARACTERS = 1 << 22  # tokenized a piece at a time, with a progress line now and then
 
 _TEXT = flags.DEFINE_multi_string("text", [], "A UTF-8 text file (or a glob); repeat for more files.")
 _TOKENIZER = flags.DEFINE_enum("tokenizer", "bpe", TOKENIZERS, "bpe: train a byte-level BPE on the texts; "
@@ -82,6 +84,21 @@ def make_tokenizer(name: str, vocab_size: int | None, texts: list[str]) -> BPETo
     return BPETokenizer.train(texts, vocab_size)
 
 
+def tokenize(texts: list[str], tokenizer: BPETokenizer, piece_size: int = PIECE_CHARACTERS) -> np.ndarray:
+    """(N,) ids of the texts, <|endoftext|> between two; each text is encoded in pieces of about
+    piece_size characters (bpe.split_text: the same ids), so that a long one prints its progress."""
+    pieces = [split_text(text, piece_size) for text in texts]
+    progress = Progress(f"tokenizing {len(texts)} file(s)", sum(map(len, pieces)), "characters")
+    ids = []  # file, <|endoftext|>, file, ...
+    for i, file_pieces in enumerate(pieces):
+        if i:
+            ids.append(np.array([tokenizer.end_of_text_id], np.int32))
+        for piece in file_pieces:
+            ids.append(tokenizer.encode(piece))
+            progress.advance(len(piece))
+    return np.concatenate(ids)
+
+
 def prepare(patterns: list[str], tokenizer_name: str, vocab_size: int | None, out: str,
             val_fraction: float = 0.1) -> dict:
     """Tokenizes the files into out/{train.bin, val.bin, tokenizer.json, meta.json}; returns the meta.
@@ -93,12 +110,7 @@ def prepare(patterns: list[str], tokenizer_name: str, vocab_size: int | None, ou
     paths = text_paths(patterns)
     texts = [read_text(path) for path in paths]
     tokenizer = make_tokenizer(tokenizer_name, vocab_size, texts)
-    pieces = []  # file, <|endoftext|>, file, ...
-    for i, text in enumerate(texts):
-        if i:
-            pieces.append(np.array([tokenizer.end_of_text_id], np.int32))
-        pieces.append(tokenizer.encode(text))
-    ids = np.concatenate(pieces)  # (N,)
+    ids = tokenize(texts, tokenizer)
     val_count = round(len(ids) * val_fraction)
     if val_count == 0 or val_count == len(ids):
         raise UserError(f"{len(ids)} tokens cannot be split with --val_fraction={val_fraction}: use more text")
@@ -126,8 +138,7 @@ def train_command(folder: pathlib.Path, meta: dict) -> str:
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    reject_arguments(argv)
 
     def run_prepare() -> None:
         meta = prepare(_TEXT.value, _TOKENIZER.value, _VOCAB_SIZE.value, _OUT.value, _VAL_FRACTION.value)

@@ -1,4 +1,4 @@
-"""Generate text from the latest checkpoint of a language-model run.
+r"""Generate text from the latest checkpoint of a language-model run.
 
   lm sample --workdir=runs/baby --prompt="ROMEO:" --max_new_tokens=300 \
       --temperature=0.8 --top_k=40 [--top_p=0.95]
@@ -8,7 +8,7 @@ import pathlib
 
 from absl import app, flags, logging
 
-from lm.cli import define_workdir, parse_flags
+from lm.cli import define_workdir, parse_flags, reject_arguments
 from lm.cli.resolve import load_run
 from lm.errors import UserError, run_user_errors
 
@@ -24,8 +24,7 @@ _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    reject_arguments(argv)
     logging.set_verbosity(logging.WARNING)
 
     def sample():

@@ -1,4 +1,4 @@
-"""Run a grid of training runs (a sweep): every combination of the --sweep axes, one `lm train` run each.
+r"""Run a grid of training runs (a sweep): every combination of the --sweep axes, one `lm train` run each.
 
   lm sweep --config=configs/gpt_shakespeare.py:baby --sweep=model.norm_position=pre,post \
       --sweep=seed=0,1,2 --workdir=runs/norm [--parallel=1] [--config.train.num_steps=500 ...]
@@ -13,6 +13,10 @@ Every arm's overrides are checked against the config before any arm starts. Reru
 skips finished arms (results.json at train.num_steps) and resumes interrupted ones from their latest
 checkpoint. <workdir>/sweep.json records the config, axes, overrides and each arm's workdir and status;
 lm train writes each arm's resolved config to <arm>/config.json. Compare the arms with lm compare.
+
+It prints each arm's start and end (`start arm 3 of 6: seed=2`) and, while arms train, every 30 s that
+one of them logged, a progress line: each running arm's latest step and loss (from its metrics.jsonl)
+and the time left for the whole sweep.
 """
 
 import concurrent.futures
@@ -26,19 +30,22 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 from absl import app, flags
 
-from lm.cli import define_workdir, parse_flags
+from lm.cli import define_string_once, define_workdir, parse_flags, reject_arguments
 from lm.cli.overrides import format_value, parse_axis, parse_value, resolve_config, split_config_overrides
 from lm.errors import UserError, run_user_errors
-from lm.runs import RESULTS_FILE
+from lm.progress import format_duration
+from lm.runs import METRICS_FILE, RESULTS_FILE
 
 SWEEP_FILE = "sweep.json"
 LOG_FILE = "train.log"  # an arm's lm train output
+PROGRESS_SECONDS = 30.0  # a progress line at most this often while arms run
 STOPPED_EXIT_CODES = (128 + signal.SIGTERM, 128 + signal.SIGINT)  # lm train saved a checkpoint, then stopped
 
-_CONFIG = flags.DEFINE_string("config", None, "Config file and variant, e.g. configs/gpt_shakespeare.py:baby")
+_CONFIG = define_string_once("config", "Config file and variant, e.g. configs/gpt_shakespeare.py:baby")
 _SWEEP = flags.DEFINE_multi_string("sweep", [], "An axis: key=value1,value2,... (repeat for a grid).")
 _SWEEP_FILE = flags.DEFINE_string("sweep_file", None, "A Python file with CONFIG, AXES and OVERRIDES.")
 _WORKDIR = define_workdir("The sweep folder; each arm trains in a subfolder.")
@@ -52,6 +59,8 @@ class Arm:
     workdir: pathlib.Path
     num_steps: int  # train.num_steps of the arm's resolved config
     status: str = "pending"  # pending | running | finished | skipped (finished earlier) | interrupted | failed (exit N)
+    started: float | None = None  # time.monotonic() when it started running
+    seconds: float | None = None  # how long it ran, once it stopped
 
 
 def expand_grid(axes: dict[str, list[str]]) -> list[dict[str, str]]:
@@ -128,6 +137,76 @@ def run_arm(spec: str, overrides: dict[str, str], workdir: pathlib.Path) -> int:
         return subprocess.run(command, stdout=log, stderr=subprocess.STDOUT).returncode
 
 
+def latest_record(workdir: pathlib.Path) -> dict | None:
+    """The last train record (one with a loss) of a run's metrics.jsonl, None before its first."""
+    try:
+        lines = (workdir / METRICS_FILE).read_text().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line being written
+        if "loss" in record:
+            return record
+    return None
+
+
+def remaining_seconds(arms: list[Arm], records: dict[str, dict | None], now: float, parallel: int) -> float | None:
+    """The sweep's time left: each running arm's steps left at its logged steps/s, and the arms not yet
+    started at the mean duration of the arms finished so far (else at the running ones' num_steps /
+    steps/s), spread over the `parallel` slots. None while there is nothing to go on."""
+    running = [a for a in arms if a.status == "running"]
+    pending = [a for a in arms if a.status == "pending"]
+    if not running and not pending:
+        return 0.0
+    rates = {a.name: records[a.name]["steps_per_second"] for a in running
+             if (records.get(a.name) or {}).get("steps_per_second")}
+    finished = [a.seconds for a in arms if a.status == "finished" and a.seconds]
+    if finished:
+        per_arm = sum(finished) / len(finished)
+    elif rates:
+        per_arm = sum(a.num_steps / rates[a.name] for a in running if a.name in rates) / len(rates)
+    else:
+        return None
+    left = len(pending) * per_arm
+    for arm in running:
+        if arm.name in rates:
+            left += (arm.num_steps - records[arm.name]["step"]) / rates[arm.name]
+        else:
+            left += max(per_arm - (now - arm.started), 0.0)
+    return left / min(parallel, len(running) + len(pending))
+
+
+def progress_line(arms: list[Arm], records: dict[str, dict | None], now: float, parallel: int) -> str:
+    """'sweep: 2 of 6 arms done | arm 3 seed=2 step 300/2000 loss 2.1234 | arm 4 seed=3 starting |
+    ETA 0:12:30' from the arms and each running arm's latest train record (latest_record)."""
+    done = sum(a.status not in ("pending", "running") for a in arms)
+    parts = [f"sweep: {done} of {len(arms)} arms done"]
+    for index, arm in enumerate(arms):
+        if arm.status == "running":
+            record = records.get(arm.name)
+            where = (f"step {record['step']}/{arm.num_steps} loss {record['loss']:.4f}" if record
+                     else "starting")
+            parts.append(f"arm {index + 1} {arm.name} {where}")
+    left = remaining_seconds(arms, records, now, parallel)
+    parts.append(f"ETA {format_duration(left)}" if left is not None else "ETA unknown")
+    return " | ".join(parts)
+
+
+def report_progress(arms: list[Arm], parallel: int, every: float, stop: threading.Event) -> None:
+    """Prints progress_line every `every` seconds until stop is set, when a running arm logged a train
+    record since the last line."""
+    last = None
+    while not stop.wait(every):
+        records = {a.name: latest_record(a.workdir) for a in arms if a.status == "running"}
+        seen = {name: record["step"] for name, record in records.items() if record}
+        if seen and seen != last:
+            print(progress_line(arms, records, time.monotonic(), parallel), flush=True)
+            last = seen
+
+
 def write_record(workdir: pathlib.Path, spec: str, axes: dict, overrides: dict, arms: list[Arm]) -> None:
     record = {
         "config": spec,
@@ -140,9 +219,11 @@ def write_record(workdir: pathlib.Path, spec: str, axes: dict, overrides: dict, 
 
 
 def run_sweep(spec: str, axes: dict[str, list[str]], overrides: dict[str, str], workdir: str | pathlib.Path,
-              parallel: int = 1, runner=run_arm) -> list[Arm]:
+              parallel: int = 1, runner=run_arm, progress_every: float = PROGRESS_SECONDS) -> list[Arm]:
     """Plans and checks the grid, then runs the arms that have not finished, `parallel` at a time, with
-    runner(spec, overrides, arm_workdir) -> exit code. Returns the arms with their final status."""
+    runner(spec, overrides, arm_workdir) -> exit code, printing each arm's start and end and, every
+    progress_every seconds while arms run, a progress line (progress_line). Returns the arms with their
+    final status."""
     if parallel < 1:
         raise UserError(f"--parallel={parallel}: must be at least 1")
     workdir = pathlib.Path(workdir).expanduser().absolute()
@@ -162,12 +243,15 @@ def run_sweep(spec: str, axes: dict[str, list[str]], overrides: dict[str, str], 
     print(f"sweep of {len(arms)} arms in {workdir}: {len(arms) - len(todo)} finished earlier, {len(todo)} to run")
 
     def train(arm: Arm) -> None:
+        number = f"arm {arms.index(arm) + 1} of {len(arms)}"
         with lock:
+            arm.started = time.monotonic()
             arm.status = "running"
             write_record(workdir, spec, axes, overrides, arms)
-        print(f"start {arm.name}", flush=True)
+        print(f"start {number}: {arm.name}", flush=True)
         code = runner(spec, {**overrides, **arm.overrides}, arm.workdir)
         with lock:
+            arm.seconds = time.monotonic() - arm.started
             if code in STOPPED_EXIT_CODES or (code == 0 and not is_finished(arm)):
                 arm.status = "interrupted"  # a checkpoint was saved: rerunning the sweep resumes it
             elif code != 0:
@@ -175,10 +259,18 @@ def run_sweep(spec: str, axes: dict[str, list[str]], overrides: dict[str, str], 
             else:
                 arm.status = "finished"
             write_record(workdir, spec, axes, overrides, arms)
-        print(f"{arm.status:<9} {arm.name}" + ("" if code == 0 else f" (see {arm.workdir / LOG_FILE})"), flush=True)
+        print(f"{arm.status} {number}: {arm.name} in {format_duration(arm.seconds)}"
+              + ("" if code == 0 else f" (see {arm.workdir / LOG_FILE})"), flush=True)
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=parallel) as pool:
-        list(pool.map(train, todo))
+    stop = threading.Event()
+    reporter = threading.Thread(target=report_progress, args=(arms, parallel, progress_every, stop), daemon=True)
+    reporter.start()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=parallel) as pool:
+            list(pool.map(train, todo))
+    finally:
+        stop.set()
+        reporter.join()
     return arms
 
 
@@ -192,8 +284,7 @@ def parse_sweep_flags(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    reject_arguments(argv)
 
     def sweep() -> None:
         if _SWEEP_FILE.value:

@@ -1,7 +1,12 @@
-"""Train an experiment from a config.
+r"""Train an experiment from a config.
 
   lm train --config=configs/gpt_shakespeare.py:baby --workdir=runs/baby \
       [--config.model.norm_position=post ...]
+  lm train --config=configs/gpt_shakespeare.py:baby --print_config [--config.model.norm=rms ...]
+
+--config.KEY=VALUE overrides a key of the config; --print_config lists every key with its value, type,
+allowed values and description, then exits (no --workdir needed). A mistake in the config file, its
+variant, an override or a flag is one line, `error: ...` (exit code 2), before anything is written.
 
 Rerunning the same command resumes from the latest checkpoint in --workdir (and compiles again, unless
 --config.train.compilation_cache_dir=DIR keeps the compiled programs for it). With --dry_run it builds
@@ -20,17 +25,18 @@ import signal
 import sys
 
 from absl import app, flags, logging
-from ml_collections import config_flags
 
-from lm.cli import define_workdir, parse_flags
+from lm.cli import define_string_once, parse_flags, reject_arguments
+from lm.cli.overrides import config_listing, resolve_config, split_config_overrides
 from lm.cpu import keep_freed_memory
-from lm.errors import run_user_errors
+from lm.errors import UserError, fail, run_user_errors
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Config file and variant, e.g. configs/gpt_shakespeare.py:baby", lock_config=True
-)
-_WORKDIR = define_workdir("Run folder: config, checkpoints, logs, samples.")
-flags.mark_flag_as_required("config")
+_CONFIG = define_string_once("config", "Config file and variant, e.g. configs/gpt_shakespeare.py:baby "
+                             "(required); --config.KEY=VALUE overrides a key")
+_WORKDIR = define_string_once("workdir", "Run folder: config, checkpoints, logs, samples (required but with "
+                              "--print_config).")
+_PRINT_CONFIG = flags.DEFINE_bool("print_config", False, "Print every config key (overrides applied) with its "
+                                  "value, type, allowed values and description, and exit.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Compile the train step for the mesh, print its memory and "
                              "FLOPs, and exit.")
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0, for a multi-process "
@@ -41,9 +47,32 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index, 0 
                                    "(default: $JAX_PROCESS_ID, or the launcher's)")
 
 
+_OVERRIDES: dict[str, str] = {}  # the --config.key=value arguments, set aside from absl's flags
+
+
+def parse_train_flags(argv: list[str]) -> list[str]:
+    """absl's flags of the command line; its --config.key=value overrides go to _OVERRIDES."""
+    rest, overrides = split_config_overrides(argv)
+    _OVERRIDES.clear()
+    _OVERRIDES.update(overrides)
+    return parse_flags(rest)
+
+
+def command_config():
+    """The config of --config with the overrides; a missing flag or a bad config is a UserError."""
+    if not _CONFIG.value:
+        raise UserError("pass --config=FILE:VARIANT, e.g. --config=configs/gpt_shakespeare.py:baby")
+    return resolve_config(_CONFIG.value, _OVERRIDES)
+
+
 def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    reject_arguments(argv)
+    config = run_user_errors(command_config)
+    if _PRINT_CONFIG.value:
+        print(config_listing(config))
+        return
+    if not _WORKDIR.value:
+        fail("pass --workdir=DIR, the run folder (a rerun of the same command resumes from it)")
     logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO
     # Orbax writes in asyncio tasks; when a write fails (a full disk), asyncio reports the tasks it
     # drops at exit, after the trainer's own one-line error. The error already says what happened.
@@ -55,7 +84,6 @@ def main(argv: list[str]) -> None:
     from lm.train.dry_run import dry_run
     from lm.train.loop import Stopped, train
 
-    config = _CONFIG.value
     experiment = run_user_errors(lambda: find_experiment(config.experiment))
     if _DRY_RUN.value:
         run_user_errors(lambda: dry_run(config, experiment.build))
@@ -82,4 +110,4 @@ def start_processes() -> None:
 
 def run() -> None:
     """The command: flags from sys.argv, then main."""
-    app.run(main, flags_parser=parse_flags)
+    app.run(main, flags_parser=parse_train_flags)

@@ -1,4 +1,4 @@
-"""Translate sentences with the latest checkpoint of a translation run (one translation per line).
+r"""Translate sentences with the latest checkpoint of a translation run (one translation per line).
 
   lm translate --workdir=runs/mt "Zwei Hunde spielen im Schnee." "Ein Mann fährt Rad." \
       --beam_size=4 --length_penalty=0.6

@@ -16,6 +16,8 @@ holds either.
 import gzip
 import json
 import pathlib
+import re
+import sys
 from collections.abc import Iterable
 
 import numpy as np
@@ -31,6 +33,7 @@ GPT2_MERGES = "vocab/gpt2-merges.txt"  # OpenAI's vocab.bpe: '#version: 0.2', th
 GPT2_HOW = ("GPT-2's vocab.json (gzipped) and merges.txt, e.g. from the Hugging Face hub's openai-community/gpt2 "
             "(see shared/data/README.md, vocab/)")
 MIN_VOCAB_SIZE = 256 + 1  # every byte, and <|endoftext|>
+PIECE_BOUNDARY = re.compile(r"(?<=\S)\n")  # where split_text cuts: before a newline after a non-space
 
 
 def byte_level_pipeline(model: models.BPE) -> tokenizers.Tokenizer:
@@ -41,6 +44,20 @@ def byte_level_pipeline(model: models.BPE) -> tokenizers.Tokenizer:
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.add_special_tokens([END_OF_TEXT])
     return tokenizer
+
+
+def split_text(text: str, size: int) -> list[str]:
+    """text in pieces of at least size characters (the last one may be shorter), each cut before a
+    newline that follows a non-whitespace character. byte_level_pipeline's pre-tokenizer (GPT-2's
+    regex, which looks only forward) splits the text there anyway, since none of its pre-tokens holds
+    a non-whitespace character and a newline: the ids of the pieces, joined, are the ids of the whole
+    text. (A cut after a newline would not do: a piece's trailing whitespace is one pre-token, which
+    the whole text splits before the next word.)"""
+    pieces, start = [], 0
+    while (cut := PIECE_BOUNDARY.search(text, start + size)) is not None:
+        pieces.append(text[start : cut.start()])
+        start = cut.start()
+    return [*pieces, text[start:]]
 
 
 def read_gpt2_files(vocab_path: pathlib.Path, merges_path: pathlib.Path) -> tuple[dict[str, int], list[tuple]]:
@@ -79,7 +96,8 @@ class BPETokenizer:
             raise UserError(f"vocab_size={vocab_size} is too small for a byte-level BPE: it needs at least "
                             f"{MIN_VOCAB_SIZE} (256 bytes + {END_OF_TEXT}); GPT-2 has 50257")
         tokenizer = byte_level_pipeline(models.BPE())
-        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[END_OF_TEXT], show_progress=False,
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[END_OF_TEXT],
+                                      show_progress=sys.stderr.isatty(),  # the library's bars, on a terminal only
                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
         tokenizer.train_from_iterator(texts, trainer)
         return cls(tokenizer)

@@ -3,8 +3,8 @@
 Corpus ($LM_DATA_DIR/corpus/<name>.txt.gz, shared/data/README.md): one paragraph a line; documents are
 separated by one empty line (gutenberg_books, us_presidential_speeches), or start at a ` = Title = `
 line (wikitext2_valid, wikitext2_test; their ` = = Section = = ` lines are left out). Paragraphs are
-split into sentences (after . ! ? and any closing quotes or brackets), and every sentence of the
-corpus is tokenized in one encode_batch call.
+split into sentences (after . ! ? and any closing quotes or brackets), and the sentences of the corpus
+are tokenized in encode_batch calls of BATCH_SENTENCES each (in parallel within a call).
 
 Pairs (google-research/bert create_pretraining_data.py, one pass over the documents): sentences of a
 document are gathered until they reach a target length of max_seq_len - 3 tokens (with probability
@@ -38,11 +38,13 @@ import numpy as np
 from lm.data.files import find_file
 from lm.data.wordpiece import WordPieceTokenizer
 from lm.errors import UserError
+from lm.progress import Progress
 
 CORPUS_HOW = "one paragraph a line, documents separated by one empty line, gzip-compressed (shared/data/README.md)"
 TITLE_LINE = re.compile(r"^ = [^=].* = $")  # a WikiText article's first line
 SECTION_LINE = re.compile(r"^ (= )+.* (= )+$")  # any WikiText heading
 SENTENCE_END = re.compile(r"[.!?]+[\"'”’)\]]*\s+")  # the end of a sentence and the spaces after it
+BATCH_SENTENCES = 100_000  # sentences tokenized per encode_batch call, with a progress line now and then
 TRAIN_STREAM, EVAL_STREAM = 0, 1  # the first entropy word of the masking rngs
 
 
@@ -87,11 +89,19 @@ def split_sentences(paragraph: str) -> list[str]:
     return [s for s in sentences if s]
 
 
-def tokenize_documents(documents: Sequence[Sequence[str]], tokenizer: WordPieceTokenizer) -> list[Document]:
-    """Documents of paragraphs -> documents of sentence token ids (int32), in one encode_batch call;
-    sentences that tokenize to nothing and documents left empty are dropped."""
+def tokenize_documents(documents: Sequence[Sequence[str]], tokenizer: WordPieceTokenizer,
+                       batch_sentences: int = BATCH_SENTENCES) -> list[Document]:
+    """Documents of paragraphs -> documents of sentence token ids (int32), in encode_batch calls of
+    batch_sentences sentences (progress lines between them); sentences that tokenize to nothing and
+    documents left empty are dropped."""
     per_document = [[s for paragraph in d for s in split_sentences(paragraph)] for d in documents]
-    ids = tokenizer.encode_batch([s for sentences in per_document for s in sentences])
+    every_sentence = [s for document in per_document for s in document]
+    starts = range(0, len(every_sentence), batch_sentences)
+    progress = Progress(f"tokenizing {len(every_sentence):,} sentences", len(starts), "sentences")
+    ids = []
+    for start in starts:
+        ids += tokenizer.encode_batch(every_sentence[start : start + batch_sentences])
+        progress.advance(len(ids) - start)
     tokenized, start = [], 0
     for sentences in per_document:
         document = [np.asarray(i, np.int32) for i in ids[start : start + len(sentences)] if i]

@@ -17,6 +17,7 @@ Ids come without special tokens from `encode`; `encode_pair` puts a pair togethe
 """
 
 import pathlib
+import sys
 from collections.abc import Iterable, Sequence
 
 import tokenizers
@@ -95,7 +96,7 @@ class WordPieceTokenizer:
                                     tokenizer.normalizer.normalize_str(text))
                                 for char in word[1:]})
         trainer = trainers.WordPieceTrainer(
-            vocab_size=vocab_size, show_progress=False,
+            vocab_size=vocab_size, show_progress=sys.stderr.isatty(),  # the library's bars, on a terminal only
             special_tokens=[*SPECIAL_TOKENS, *(CONTINUATION + char for char in continuations)])
         tokenizer.train_from_iterator(texts, trainer)
         # The '##' characters went in as the trainer's special tokens, which the tokenizer now treats as

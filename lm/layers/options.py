@@ -1,15 +1,22 @@
 """Options declared once: dataclass fields that carry their description and allowed values.
 
 TransformerConfig and MoeConfig (lm/layers/transformer.py) declare every block option with `option`.
-From those fields come a config's `model` section (`defaults`), the dataclass built from such a
+From those fields come a config's `model` section (`declared_section`), the dataclass built from such a
 section (`from_section`) and the checks of types and allowed values (`check_options`, which the
 dataclasses run on themselves), so a new switch is one field plus the layer code that uses it.
+
+The other config sections (run, optimizer, train, data, eval, sample, mesh) declare their keys with the
+same `option` as they are built (`declare`); every section keeps each key's description and allowed
+values beside it (`description`), which `lm train --print_config` lists.
 """
 
 import dataclasses
 import typing
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+import ml_collections
 
 from lm.errors import UserError
 
@@ -46,12 +53,49 @@ def config_value(field: dataclasses.Field, value: Any) -> Any:
     return value
 
 
-def defaults(cls: type) -> dict[str, Any]:
-    """{config key: default} of an options dataclass; a nested options dataclass gives a nested dict."""
-    return {
-        config_key(field): defaults(kind) if dataclasses.is_dataclass(kind) else config_value(field, field.default)
-        for field, kind in option_fields(cls)
-    }
+@dataclasses.dataclass(frozen=True)
+class Description:
+    """What a config key means, in one line, and the values it may take (None: any of its type)."""
+
+    doc: str
+    choices: tuple | None = None
+
+
+_DESCRIPTIONS: dict[int, dict[str, Description]] = {}  # id(section) -> {key: Description}, while the section lives
+
+
+def _describe(section: ml_collections.ConfigDict, key: str, declared: dataclasses.Field) -> None:
+    """Keeps the description and choices of an `option` beside section, for its key."""
+    if id(section) not in _DESCRIPTIONS:
+        _DESCRIPTIONS[id(section)] = {}
+        weakref.finalize(section, _DESCRIPTIONS.pop, id(section))
+    choices = declared.metadata.get("choices")
+    _DESCRIPTIONS[id(section)][key] = Description(doc(declared), None if choices is None else tuple(choices))
+
+
+def declare(section: ml_collections.ConfigDict, **options: dataclasses.Field) -> ml_collections.ConfigDict:
+    """Sets each key of a config section to its option's default (`option(default, doc, choices=...)`)
+    and keeps the option's description and choices beside the section (`description`); returns it."""
+    for key, declared in options.items():
+        section[key] = declared.default
+        _describe(section, key, declared)
+    return section
+
+
+def description(section: ml_collections.ConfigDict, key: str) -> Description | None:
+    """What was declared for section[key]; None where the section's builder declared nothing."""
+    return _DESCRIPTIONS.get(id(section), {}).get(key)
+
+
+def declared_section(cls: type) -> ml_collections.ConfigDict:
+    """The config section of an options dataclass: every field at its default under its config key,
+    declared with the field's description and choices; a nested options dataclass gives a sub-section."""
+    section = ml_collections.ConfigDict()
+    for field, kind in option_fields(cls):
+        key = config_key(field)
+        section[key] = declared_section(kind) if dataclasses.is_dataclass(kind) else config_value(field, field.default)
+        _describe(section, key, field)
+    return section
 
 
 def from_section(cls: type, section: Mapping) -> Any:

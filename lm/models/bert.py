@@ -28,6 +28,7 @@ from lm.layers.attention import padding_mask
 from lm.layers.embedding import TokenEmbedding
 from lm.layers.heads import LMHead, head_dense
 from lm.layers.norms import Norm
+from lm.layers.options import declare, option
 from lm.layers.partitioning import constrain, param_init
 from lm.layers.positions import PositionEmbedding
 from lm.layers.transformer import TransformerConfig, TransformerStack
@@ -65,9 +66,12 @@ def bert_options(size: str = "base", **overrides) -> ml_collections.ConfigDict:
         norm_position="post", mlp="gelu_exact", norm_epsilon=1e-12, init="normal", dropout=0.1,
         attention_dropout=0.1,
     )
-    model.max_positions = 512
-    model.type_vocab_size = 2
-    model.vocab_multiple = 64
+    declare(
+        model,
+        max_positions=option(512, "rows of the learned position table: the longest sequence"),
+        type_vocab_size=option(2, "segment (token type) embeddings: sentence A and B"),
+        vocab_multiple=option(64, "the token table's rows padded to a multiple, so 'vocab' can be sharded"),
+    )
     model.update(overrides)
     return model
 

@@ -13,7 +13,7 @@ checks both against the fields).
 import ml_collections
 
 from lm.errors import UserError
-from lm.layers.options import defaults, from_section
+from lm.layers.options import declared_section, from_section
 from lm.layers.transformer import COMPUTE_DTYPES, TransformerConfig
 
 # The options that are not ablation switches, so the README's switch table leaves them out: the model
@@ -33,7 +33,7 @@ NOT_ABLATIONS = {
 def transformer_options(**overrides) -> ml_collections.ConfigDict:
     """The `model` section: every TransformerConfig option at its default (GPT-2 style: pre-norm
     LayerNorm, GELU MLP, learned positions), `moe` a sub-section, then the overrides."""
-    model = ml_collections.ConfigDict(defaults(TransformerConfig))
+    model = declared_section(TransformerConfig)
     model.update(overrides)
     return model
 

@@ -43,20 +43,21 @@ class Checkpointer:
         )
 
     def check_compatible(self, abstract_state, step: int) -> None:
-        """Raises UserError when the checkpoint at step holds arrays of other shapes than this model's."""
+        """Raises IncompatibleCheckpoint when the checkpoint at step holds arrays of other shapes than this
+        model's, naming the first."""
         saved = self.manager.item_metadata(step)["state"]
         saved_shapes = {path_name(path): tuple(leaf.shape) for path, leaf in jax.tree_util.tree_leaves_with_path(saved)}
         for path, leaf in jax.tree_util.tree_leaves_with_path(abstract_state):
             name = path_name(path)
             if saved_shapes.get(name) != tuple(leaf.shape):
                 found = saved_shapes.get(name, "nothing")
-                raise UserError(
+                raise IncompatibleCheckpoint(
                     f"the checkpoint at step {step} in {self.manager.directory} does not fit this "
                     f"model: {name} is {found} there but {tuple(leaf.shape)} here; use a new "
                     "--workdir or the config that wrote this one"
                 )
         if len(saved_shapes) != len(jax.tree.leaves(abstract_state)):
-            raise UserError(
+            raise IncompatibleCheckpoint(
                 f"the checkpoint at step {step} in {self.manager.directory} holds "
                 f"{len(saved_shapes)} arrays but this model's state has "
                 f"{len(jax.tree.leaves(abstract_state))}; use a new --workdir"
@@ -108,6 +109,11 @@ class Checkpointer:
         with save_errors(self.manager.directory):
             self.manager.wait_until_finished()
         self.manager.close()
+
+
+class IncompatibleCheckpoint(UserError):
+    """A checkpoint of another model: arrays of other shapes than this one's (lm.train.loop names the
+    config fields that explain it, where the run's config.json has them)."""
 
 
 class CorruptCheckpoint(Exception):

@@ -19,6 +19,7 @@ import numpy as np
 from lm import sharding
 from lm.distributed import host_local, is_primary
 from lm.errors import UserError
+from lm.progress import Progress, await_each, length
 from lm.train.checkpoint import Checkpointer
 from lm.train.compiled import CompiledPerShape
 from lm.train.experiment import Evaluation, Evaluator
@@ -45,10 +46,12 @@ class Evaluations:
                                      lambda params: self.evaluate_batches(params, self.eval_batches)),
                            *experiment.evaluators()]
 
-    def evaluate_batches(self, params, batches) -> Evaluation:
+    def evaluate_batches(self, params, batches, what: str = "eval") -> Evaluation:
         """Weighted mean metrics (per real token, say, not per padded batch) of global batches, and the
-        experiment's eval outputs of all their rows, in order, gathered whole onto every process."""
-        steps = [self.eval_step(params, sharding.place_batch(b, self.mesh)) for b in batches]
+        experiment's eval outputs of all their rows, in order, gathered whole onto every process. A
+        long pass prints its progress ('<what> pass: <i> of <N> | <batches/s> | ETA': lm.progress)."""
+        progress = Progress(f"{what} pass", length(batches), "batches")
+        steps = await_each((self.eval_step(params, sharding.place_batch(b, self.mesh)) for b in batches), progress)
         metrics, weights, outputs = zip(*steps, strict=True)
         rows = jax.tree.map(lambda *parts: np.concatenate(parts), *jax.device_get(host_local(list(outputs))))
         return Evaluation(mean_metrics(list(metrics), list(weights)), rows)
@@ -73,8 +76,8 @@ class Evaluations:
 
     def final_results(self, params, workdir: pathlib.Path) -> dict[str, float]:
         """The experiment's held-out results of params (sharded as in training), its files in workdir."""
-        return self.experiment.final_results(host_local(params),
-                                             lambda batches: self.evaluate_batches(params, batches), workdir)
+        return self.experiment.final_results(
+            host_local(params), lambda batches: self.evaluate_batches(params, batches, "held-out"), workdir)
 
 
 def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: pathlib.Path, make_experiment: MakeExperiment,

@@ -7,9 +7,10 @@ freshly initialised parameters by name:
      longest matching prefix wins; an empty right side leaves the subtree out);
   2. each Transformer stack of the source takes this model's layer layout: unrolled block_<i> or
      scanned 'blocks' (lm.layers.transformer.stack_layers / unstack_layers);
-  3. a parameter both have is loaded (the shapes must be equal: else one UserError naming it and
-     both shapes), one only this model has keeps its fresh initialisation (a new head), one only the
-     source has is dropped.
+  3. a parameter both have is loaded (the shapes must be equal: else one UserError naming the model
+     fields in which the source run's config.json differs from this config, or where none does the
+     parameter and both shapes), one only this model has keeps its fresh initialisation (a new head),
+     one only the source has is dropped.
 The shapes are checked on the abstract trees, before anything is compiled or written; the arrays
 are read in shards spread over this run's devices and placed in its shardings by one jitted copy.
 Only a run that starts at step 0 does this (a resumed run continues its own checkpoint), and the
@@ -33,7 +34,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from lm.errors import UserError
 from lm.layers.transformer import SCANNED_NAME, is_block_name, stack_layers, unstack_layers
-from lm.runs import CONFIG_FILE
+from lm.runs import CONFIG_FILE, differing_fields, init_from_not_found, override_flags, saved_config, settings
 from lm.train.setup import checkpoint_directory
 
 Renames = list[tuple[str, str]]  # (source prefix, this model's prefix; "" leaves it out)
@@ -53,14 +54,15 @@ class CheckpointSource:
     """The params of an lm run's checkpoint. location: the run's workdir (its latest checkpoint,
     wherever its train.checkpoint_dir put it), a checkpoint folder (its latest), or one step's
     folder in one; a local path or a URL Orbax reads (gs://...). Reads only: a run that is still
-    writing checkpoints there is left alone."""
+    writing checkpoints there is left alone. run_config: the run's config.json, where a local run
+    folder holds one (lm.runs.saved_config), else None."""
 
     def __init__(self, location: str):
         # Orbax reads absolute paths only: a relative one is taken from the working directory.
         path = epath.Path(location if "://" in location else os.path.abspath(os.path.expanduser(location)))
         if not path.exists():
-            raise UserError(f"init_from={location}: no such file or directory; give a run's workdir, its "
-                            "checkpoint folder or one step's folder in it")
+            raise init_from_not_found(location)
+        self.run_config = saved_config(location)
         step = None
         if (path / CONFIG_FILE).exists():  # a workdir
             run_config = ml_collections.ConfigDict(json.loads((path / CONFIG_FILE).read_text()))
@@ -243,20 +245,37 @@ def prepare(location: str, rename: str, abstract_params: dict, resumed_step: int
             config: ml_collections.ConfigDict) -> InitFrom | None:
     """The checked InitFrom for init_from=location (with init_from_rename=rename) into
     a model of abstract_params, this run's config's; None without init_from, or when the run resumes from its own
-    checkpoint at resumed_step (then init_from is ignored, which it says)."""
+    checkpoint at resumed_step (then init_from is ignored, which it says). A source parameter of another shape
+    is a UserError naming the model fields in which the source run's config.json differs from config, with
+    both values and the flags that match it; the parameter and both shapes where no field differs."""
     if not location:
         return None
     if resumed_step is not None:
         print(f"init_from ignored: resuming from this run's own checkpoint at step {resumed_step}")
         return None
     renames = parse_renames(rename)
-    return plan(open_source(location, config), renames, abstract_params)
+    source = open_source(location, config)
+    try:
+        return plan(source, renames, abstract_params)
+    except OtherShapes as e:
+        saved = source.run_config if isinstance(source, CheckpointSource) else None
+        fields = differing_fields(saved, config, ("model",)) if saved else []
+        if not fields:
+            raise
+        raise UserError(f"init_from={location} holds a model with {settings(fields, saved=True)} (its "
+                        f"{CONFIG_FILE}), this config has {settings(fields, saved=False)}: run with "
+                        f"{override_flags(fields)}, or give init_from a run of this model") from e
+
+
+class OtherShapes(UserError):
+    """A source parameter of another shape than this model's (prepare names the config fields that
+    explain it, where the source run's config.json has them)."""
 
 
 def plan(source: ParamSource, renames: Renames, abstract_params: dict) -> InitFrom:
     """Which of abstract_params (this model's, a nested dict) come from source, after renames and
-    the layout conversion; a rename that names nothing in the source, or a parameter of another
-    shape there, is a UserError."""
+    the layout conversion; a rename that names nothing in the source is a UserError, a parameter of
+    another shape there OtherShapes."""
     source_abstract = source.abstract_params()
     source_names = traverse_util.flatten_dict(source_abstract, sep="/")
     for prefix, _ in renames:
@@ -268,7 +287,7 @@ def plan(source: ParamSource, renames: Renames, abstract_params: dict) -> InitFr
     target = traverse_util.flatten_dict(abstract_params, sep="/")
     for name, leaf in target.items():
         if name in incoming and incoming[name].shape != leaf.shape:
-            raise UserError(
+            raise OtherShapes(
                 f"init_from: {name} is {incoming[name].shape} in {source.description} but {leaf.shape} in "
                 "this model; fix the config, or leave that source subtree out (this model's fresh initialisation "
                 "is kept there) with --config.init_from_rename='SUBTREE:'"

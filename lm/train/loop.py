@@ -24,18 +24,20 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from lm import sharding
+from lm import runs, sharding
 from lm.distributed import host_local, is_primary
 from lm.errors import UserError
 from lm.layers.moe import parameter_counts
+from lm.progress import format_duration
 from lm.runs import CONFIG_FILE, METRICS_FILE, RESULTS_FILE, SUMMARY_FILE
 from lm.train import init_from
-from lm.train.checkpoint import Checkpointer
+from lm.train.checkpoint import Checkpointer, IncompatibleCheckpoint
 from lm.train.compiled import CompiledPerShape, compile_in_parallel
 from lm.train.evaluate import Evaluations
 from lm.train.flops import peak_flops_per_device
 from lm.train.lock import workdir_lock
-from lm.train.metrics import MetricWriter, drop_logs, format_duration, mean_metrics, truncate_log
+from lm.train.metrics import MetricWriter, drop_logs, mean_metrics, truncate_log
+from lm.train.optim import resolve_schedule
 from lm.train.prefetch import DevicePrefetcher
 from lm.train.setup import MakeExperiment, Setup, build, checkpoint_directory, prepared_directory
 
@@ -116,9 +118,12 @@ def train(
     """Trains make_experiment(config, workdir) to config.train.num_steps on devices (default: all); returns
     the last evaluators' metrics (prefixed with their names: eval_loss, ...) and run facts. Raises Stopped
     when SIGTERM or SIGINT ended it early (after saving a checkpoint). A second run on the same workdir
-    stops at once (lm.train.lock)."""
+    stops at once (lm.train.lock). The schedule's lengths left to the run (lm.train.optim.resolve_schedule)
+    are the ones the workdir's config.json records, when it has one: a resumed run keeps its schedule."""
     # The lock first: a second run stops before it reads any data. A run that a check stops leaves no folder.
     with prepared_directory(workdir) as workdir_path, workdir_lock(workdir_path, jax.process_index()):
+        saved = runs.saved_config(workdir_path)  # a resumed run keeps the schedule its config.json records
+        config = resolve_schedule(config, saved["optimizer"] if saved else None)
         finished_step = finished_run_step(config, workdir_path)
         if finished_step is not None:  # the same command again: nothing to load or compile
             print(nothing_to_do(finished_step, config.train.num_steps))
@@ -148,6 +153,25 @@ def nothing_to_do(step: int, num_steps: int) -> str:
     return f"already trained to step {step} (train.num_steps={num_steps}); nothing to do"
 
 
+def restore_own(checkpointer: Checkpointer, state_shapes, config: ml_collections.ConfigDict,
+                workdir: pathlib.Path) -> tuple[int, object] | None:
+    """The run's latest checkpoint (Checkpointer.restore_latest), or None. One of another model is a
+    UserError that names the fields of the model and data sections in which the workdir's config.json
+    (the config that wrote it) differs from config, with both values; the first array of another shape
+    where none do."""
+    try:
+        return checkpointer.restore_latest(state_shapes, config.train.restore_fallback)
+    except IncompatibleCheckpoint as e:
+        saved = runs.saved_config(workdir)
+        fields = runs.differing_fields(saved, config, ("model", "data")) if saved else []
+        if not fields:
+            raise
+        overrides = "the override" if len(fields) == 1 else "the overrides"
+        raise UserError(f"{workdir} holds a run with {runs.settings(fields, saved=True)} ({CONFIG_FILE}), this "
+                        f"config has {runs.settings(fields, saved=False)}: drop {overrides} (or resume with "
+                        f"{runs.override_flags(fields)}) or use another --workdir") from e
+
+
 def _train_locked(setup: Setup, workdir: pathlib.Path) -> dict[str, float]:
     """train(), once the workdir is checked and this process holds its lock: restore or initialise
     the state, then the Trainer's loop over the prefetched batches."""
@@ -158,7 +182,7 @@ def _train_locked(setup: Setup, workdir: pathlib.Path) -> dict[str, float]:
     with prepared_directory(checkpoints, "--config.train.checkpoint_dir") if chosen else contextlib.nullcontext():
         checkpointer = Checkpointer(checkpoints, tcfg.keep_checkpoints)
         try:
-            restored = checkpointer.restore_latest(state_shapes, tcfg.restore_fallback)
+            restored = restore_own(checkpointer, state_shapes, config, workdir)
             initial_params = init_from.prepare(config.init_from, config.init_from_rename, state_shapes.params,
                                                resumed_step=restored[0] if restored else None, config=config)
         except BaseException:
@@ -293,11 +317,14 @@ class Trainer:
             interval_steps += count
             stopping = stop.stop_after(step)
             log_now = step % tcfg.log_every == 0 or step == tcfg.num_steps
+            # The first dispatch of a run (or of a resumed one) is printed at once, not log_every steps
+            # later; the log files keep one record every log_every steps, as if it had not been.
+            print_now = log_now or step - count == start_step
             save_now = step % tcfg.checkpoint_every == 0 or step == tcfg.num_steps or stopping
             if log_now or save_now:
                 skipped += count_nonfinite(unchecked, tcfg.on_nonfinite, last_checkpoint)
                 unchecked = []
-            if log_now:
+            if print_now:
                 scalars = mean_metrics(pending)
                 step_time = (time.perf_counter() - interval_start) / interval_steps
                 scalars.update(
@@ -305,13 +332,15 @@ class Trainer:
                     **{f"{experiment.unit}_per_second": units_per_step / step_time},
                     **({"mfu": flops_per_step / step_time / peak} if peak else {}),
                 )
-                self.writer.write_scalars(step, scalars)
+                if log_now:
+                    self.writer.write_scalars(step, scalars)
                 mfu = f"MFU {scalars['mfu']:.1%} | " if peak else ""
                 print(
                     f"step {step:>6} | loss {scalars['loss']:.4f} | lr {scalars['learning_rate']:.2e} | "
                     f"{units_per_step / step_time:,.0f} {experiment.unit}/s | {mfu}"
                     f"ETA {format_duration((tcfg.num_steps - step) * step_time)}"
                 )
+            if log_now:
                 pending = []
                 interval_start, interval_steps = time.perf_counter(), 0
             evaluated = self.evaluate(step, state, time.perf_counter() - loop_start)

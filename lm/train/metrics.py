@@ -1,6 +1,5 @@
 """Metric writers: a JSONL log, TensorBoard event files and, when asked, Weights & Biases."""
 
-import datetime
 import json
 import pathlib
 
@@ -16,10 +15,6 @@ def format_bytes(count: float) -> str:
         if abs(count) < 1024 or unit == "GiB":
             return f"{count:,.1f} {unit}" if unit != "B" else f"{count:,.0f} B"
         count /= 1024
-
-
-def format_duration(seconds: float) -> str:
-    return str(datetime.timedelta(seconds=round(seconds)))
 
 
 def truncate_log(path: pathlib.Path, last_step: int) -> None:

@@ -1,14 +1,71 @@
-"""AdamW with linear warmup, cosine decay and global-norm clipping."""
+"""AdamW with linear warmup, cosine decay and global-norm clipping; the schedule's lengths resolved from
+the run."""
 
 import jax
+import ml_collections
 import optax
 
+from lm.errors import UserError
 from lm.layers.moe import EXPERTS_NAME
 from lm.layers.transformer import SCANNED_NAME
+from lm.train.options import DERIVED
+
+
+def check_schedule(cfg) -> None:
+    """UserError for schedule lengths that are neither a number of steps nor DERIVED."""
+    if cfg.decay_steps != DERIVED and cfg.decay_steps < 1:
+        raise UserError(f"optimizer.decay_steps={cfg.decay_steps}: give the schedule's length in steps (1 or more), "
+                        f"or {DERIVED} for train.num_steps")
+    if cfg.warmup_steps != DERIVED and cfg.warmup_steps < 0:
+        raise UserError(f"optimizer.warmup_steps={cfg.warmup_steps}: give 0 or more steps, or {DERIVED} for "
+                        "optimizer.warmup_fraction of decay_steps")
+    if cfg.warmup_steps == DERIVED and not 0 <= cfg.warmup_fraction < 1:  # (runs saved before it have none)
+        raise UserError(f"optimizer.warmup_fraction={cfg.warmup_fraction}: give a fraction of decay_steps, "
+                        "at least 0 and below 1")
+
+
+def resolve_schedule(config: ml_collections.ConfigDict, recorded: dict | None = None) -> ml_collections.ConfigDict:
+    """A copy of config whose optimizer.decay_steps and warmup_steps are numbers of steps: each one left at
+    DERIVED takes its value from recorded (the optimizer section of the config.json a run folder already
+    holds, so that a resumed run keeps its schedule), else decay_steps = train.num_steps and warmup_steps =
+    warmup_fraction of decay_steps, rounded. Explicit values stay. The trainer, its dry run and config.json
+    all use this copy; resolving it again changes nothing."""
+    cfg, recorded = config.optimizer, recorded or {}
+    check_schedule(cfg)
+    resolved = config.copy_and_resolve_references()
+    if cfg.decay_steps == DERIVED:
+        resolved.optimizer.decay_steps = recorded.get("decay_steps", config.train.num_steps)
+    if cfg.warmup_steps == DERIVED:
+        derived = round(cfg.warmup_fraction * resolved.optimizer.decay_steps)
+        resolved.optimizer.warmup_steps = recorded.get("warmup_steps", derived)
+    return resolved
+
+
+def schedule_warning(cfg, num_steps: int) -> str | None:
+    """One line when a resolved schedule does not end with the run (train.num_steps): its warmup is not
+    over, or its decay ends before the run does (the learning rate then holds at min_learning_rate) or
+    after (the run stops above it); None when the decay ends at the last step."""
+    last = float(learning_rate_schedule(cfg)(num_steps - 1))  # the last update's learning rate
+    fix = f"--config.optimizer.decay_steps={num_steps} decays over the whole run"
+    if cfg.warmup_steps >= num_steps:
+        return (f"warning: optimizer.warmup_steps={cfg.warmup_steps} does not end by train.num_steps={num_steps}: "
+                f"the run stops still warming up, at learning rate {last:.2e} of {cfg.learning_rate:.2e}")
+    if cfg.decay_steps < num_steps:
+        return (f"warning: optimizer.decay_steps={cfg.decay_steps} ends before train.num_steps={num_steps}: the "
+                f"learning rate holds at min_learning_rate={cfg.min_learning_rate:.2e} for the last "
+                f"{num_steps - cfg.decay_steps} steps; {fix}")
+    if cfg.decay_steps > num_steps:
+        return (f"warning: optimizer.decay_steps={cfg.decay_steps} ends after train.num_steps={num_steps}: the run "
+                f"stops at learning rate {last:.2e}, above min_learning_rate={cfg.min_learning_rate:.2e}; {fix}")
+    return None
 
 
 def learning_rate_schedule(cfg) -> optax.Schedule:
-    """Linear warmup from 0 to learning_rate, cosine decay to min_learning_rate at decay_steps."""
+    """Linear warmup from 0 to learning_rate, cosine decay to min_learning_rate at decay_steps (of a
+    config resolve_schedule resolved)."""
+    if DERIVED in (cfg.warmup_steps, cfg.decay_steps):
+        raise ValueError("optimizer.warmup_steps or decay_steps is unresolved: pass the config through "
+                         "resolve_schedule first")
     return optax.warmup_cosine_decay_schedule(
         init_value=0.0,
         peak_value=cfg.learning_rate,

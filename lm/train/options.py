@@ -1,74 +1,91 @@
-"""The optimizer and train sections every config shares (lm/train/optim.py and lm/train/loop.py
-read them); configs pass what differs from these defaults."""
+"""The sections every config shares: the run's top keys, optimizer, train (lm/train/optim.py and
+lm/train/loop.py read them) and mesh; configs pass what differs from these defaults. Each key is declared
+with its description (lm/layers/options.py `declare`), which `lm train --print_config` lists."""
 
 import ml_collections
+
+from lm.layers.options import declare, option
+
+NONFINITE_POLICIES = ("stop", "skip")  # train.on_nonfinite: end the run, or skip the update and go on
+DERIVED = -1  # optimizer.warmup_steps / decay_steps: derived from the run (lm/train/optim.py resolve_schedule)
 
 
 def run_options(experiment: str, **overrides) -> ml_collections.ConfigDict:
     """The top of every config: the experiment module (experiments/<name>.py), the seed, and where
     the parameters start from."""
-    config = ml_collections.ConfigDict()
-    config.experiment = experiment
-    config.seed = 0
-    # Start from another run's parameters (fine-tuning): its workdir, checkpoint folder or one step's
-    # folder there. Loaded by name into this model at step 0 (a resumed run ignores it); parameters the
-    # source lacks keep their fresh initialisation, the ones this model lacks are dropped; stacked or
-    # unrolled layers convert to this model's layout. See lm/train/init_from.py.
-    config.init_from = ""
-    # Renamed source subtrees for init_from: "source/prefix:this/prefix,..."; an empty right side
-    # leaves that subtree out (e.g. "lm_head:" for a head of another vocabulary).
-    config.init_from_rename = ""
+    config = declare(
+        ml_collections.ConfigDict(),
+        experiment=option(experiment, "the experiment module: a built-in's name (experiments/<name>.py) or a "
+                                      "dotted module path"),
+        seed=option(0, "seeds the parameters' initialisation, dropout and the data order"),
+        # Loaded by name into this model at step 0 (a resumed run ignores it); parameters the source lacks
+        # keep their fresh initialisation, the ones this model lacks are dropped; stacked or unrolled layers
+        # convert to this model's layout. See lm/train/init_from.py.
+        init_from=option("", "start from another run's parameters (fine-tuning): its workdir, checkpoint folder "
+                             "or one step's folder there, or hf:DIR (a Hugging Face folder)"),
+        init_from_rename=option("", "renamed source subtrees for init_from: 'source/prefix:this/prefix,...'; an "
+                                    "empty right side leaves the subtree out (e.g. 'lm_head:')"),
+    )
     config.update(overrides)
     return config
 
 
 def optimizer_options(**overrides) -> ml_collections.ConfigDict:
     """AdamW with global-norm clipping; linear warmup, then cosine decay to min_learning_rate."""
-    options = ml_collections.ConfigDict()
-    options.learning_rate = 1e-3  # peak, after warmup
-    options.min_learning_rate = 1e-5  # reached at decay_steps, then held
-    options.warmup_steps = 100
-    options.decay_steps = 2000
-    options.b1 = 0.9
-    options.b2 = 0.999
-    options.weight_decay = 0.0  # decoupled (AdamW), on matrices only
-    options.grad_clip_norm = 1.0  # the global norm gradients are scaled down to
+    options = declare(
+        ml_collections.ConfigDict(),
+        learning_rate=option(1e-3, "the peak learning rate, reached at the end of warmup"),
+        min_learning_rate=option(1e-5, "the learning rate the cosine decay ends at (decay_steps), then held"),
+        # The schedule's lengths: a resumed run keeps the lengths its config.json records;
+        # lm/train/optim.py resolve_schedule fills them in, and config.json holds the resolved values.
+        warmup_steps=option(DERIVED, f"steps of linear warmup from 0; {DERIVED}: warmup_fraction of decay_steps"),
+        warmup_fraction=option(0.05, f"the warmup's share of decay_steps where warmup_steps is {DERIVED}"),
+        decay_steps=option(DERIVED, f"steps until the decay reaches min_learning_rate; {DERIVED}: train.num_steps"),
+        b1=option(0.9, "Adam's decay rate of the gradients' moving average"),
+        b2=option(0.999, "Adam's decay rate of the squared gradients' moving average"),
+        weight_decay=option(0.0, "decoupled weight decay (AdamW), on matrices only"),
+        grad_clip_norm=option(1.0, "the global norm that larger gradients are scaled down to"),
+    )
     options.update(overrides)
     return options
 
 
 def train_options(**overrides) -> ml_collections.ConfigDict:
     """Batch, length of the run, logging and checkpointing."""
-    options = ml_collections.ConfigDict()
-    options.batch_size = 128  # examples, global across all devices and hosts
-    options.num_steps = 2000
-    options.grad_accum_steps = 1  # micro-batches per step (batch_size is split into them)
-    options.log_every = 100
-    options.checkpoint_every = 1000
-    options.keep_checkpoints = 2
-    # Where checkpoints go; "" = <workdir>/checkpoints. A gs:// path (Orbax writes it directly) or a
-    # mounted Google Drive folder keeps them when a Colab runtime or a preemptible VM goes away.
-    options.checkpoint_dir = ""
-    # A latest checkpoint that cannot be read stops the run with a message; True resumes from the one
-    # before it instead (the damaged one is kept, renamed <step>.corrupt).
-    options.restore_fallback = False
-    # A step whose loss or gradients are NaN/Inf never updates the weights; then "stop": end the run
-    # with a message (nothing saved after that step); "skip": go on and count it (skipped_steps).
-    options.on_nonfinite = "stop"
-    # How many global batches a background thread loads and places on the devices ahead of the
-    # step (the host pipeline and the copy overlap the step before); 0 = load each in the step's turn.
-    # The batches are the same either way.
-    options.prefetch = 2
-    # Train steps per dispatch from the host: k > 1 runs k steps in one program (a scan over k
-    # batches) where no log, eval or checkpoint step falls between, for small models whose steps are
-    # shorter than the host's time to launch one. Same batches, same updates as k = 1.
-    options.steps_per_dispatch = 1
-    # Where compiled programs are stored and reused by later runs and restarts (JAX's persistent
-    # compilation cache: programs that took at least 1 s to compile, written by process 0).
-    # "auto" = $JAX_COMPILATION_CACHE_DIR, else ~/.cache/lm/jax_compilation_cache ($XDG_CACHE_HOME);
-    # "none" = no cache; or a folder.
-    options.compilation_cache_dir = "auto"
-    options.peak_flops = 0.0  # per device, for MFU; 0 = a known accelerator's data sheet, else (CPUs) no MFU
-    options.wandb_project = ""  # non-empty turns Weights & Biases logging on
+    options = declare(
+        ml_collections.ConfigDict(),
+        batch_size=option(128, "examples per step, global across all devices and hosts"),
+        num_steps=option(2000, "optimizer steps the run trains for"),
+        grad_accum_steps=option(1, "micro-batches per step (batch_size is split into them)"),
+        log_every=option(100, "steps between progress lines and metric records"),
+        checkpoint_every=option(1000, "steps between checkpoints (one is also saved at the end)"),
+        keep_checkpoints=option(2, "how many of the latest checkpoints are kept"),
+        checkpoint_dir=option("", "where checkpoints go; '' = <workdir>/checkpoints; a gs:// path or a mounted "
+                                  "Google Drive folder outlives a Colab runtime or a preemptible VM"),
+        restore_fallback=option(False, "a latest checkpoint that cannot be read stops the run; True resumes from "
+                                       "the one before it (the damaged one is kept, renamed <step>.corrupt)"),
+        on_nonfinite=option("stop", "a step with NaN/Inf loss or gradients never updates the weights; then stop: "
+                                    "end the run with a message; skip: go on and count it (skipped_steps)",
+                            choices=NONFINITE_POLICIES),
+        prefetch=option(2, "global batches a background thread loads and places on the devices ahead of the "
+                           "step; 0 = load each in the step's turn (the batches are the same either way)"),
+        steps_per_dispatch=option(1, "train steps per dispatch from the host: k > 1 runs k steps in one program "
+                                     "where no log, eval or checkpoint falls between (same updates as 1)"),
+        compilation_cache_dir=option("auto", "JAX's persistent compilation cache: auto = $JAX_COMPILATION_CACHE_DIR, "
+                                             "else ~/.cache/lm/jax_compilation_cache; none = no cache; or a folder"),
+        peak_flops=option(0.0, "peak FLOP/s per device, for MFU; 0 = a known accelerator's data sheet, else no MFU"),
+        wandb_project=option("", "a Weights & Biases project to log to ('' = no W&B logging)"),
+    )
     options.update(overrides)
     return options
+
+
+def mesh_options() -> ml_collections.ConfigDict:
+    """The mesh axis sizes (lm/sharding.py MESH_AXES); one device is a 1x1x1x1 mesh."""
+    return declare(
+        ml_collections.ConfigDict(),
+        data=option(-1, "devices the batch is split over, data parallel (-1: all that the other axes leave)"),
+        fsdp=option(1, "devices the parameters and optimizer state are sharded over, and the batch (FSDP)"),
+        expert=option(1, "devices the experts of mixture-of-experts layers are split over, and the batch"),
+        tensor=option(1, "devices the heads, MLP and vocabulary dimensions are split over (tensor parallel)"),
+    )

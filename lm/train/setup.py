@@ -24,9 +24,11 @@ from jax.sharding import Mesh
 
 from lm import sharding
 from lm.errors import UserError
+from lm.runs import CHECKPOINTS_DIR
 from lm.train.checkpoint import Checkpointer
 from lm.train.experiment import Experiment
-from lm.train.optim import learning_rate_schedule, make_optimizer
+from lm.train.optim import learning_rate_schedule, make_optimizer, resolve_schedule, schedule_warning
+from lm.train.options import NONFINITE_POLICIES
 from lm.train.state import TrainState
 from lm.train.step import make_multi_step, make_train_step
 
@@ -186,7 +188,7 @@ def checkpoint_directory(config: ml_collections.ConfigDict, workdir: pathlib.Pat
     chosen = config.train.get("checkpoint_dir", "")  # runs written before the option have none
     if "://" in chosen:
         return chosen
-    local = pathlib.Path(chosen).expanduser() if chosen else pathlib.Path(workdir) / "checkpoints"
+    local = pathlib.Path(chosen).expanduser() if chosen else pathlib.Path(workdir) / CHECKPOINTS_DIR
     return str(local.absolute())  # Orbax wants absolute paths
 
 
@@ -196,7 +198,7 @@ def restore_params(config: ml_collections.ConfigDict, experiment: Experiment, wo
     first device."""
     mesh = sharding.make_mesh({axis: 1 for axis in sharding.MESH_AXES}, jax.devices()[:1])
     rules = sharding.logical_rules(config.sharding_rules)
-    init_boxed = state_builder(experiment, make_optimizer(config.optimizer))
+    init_boxed = state_builder(experiment, make_optimizer(resolve_schedule(config).optimizer))
     state_shapes, _ = abstract_state(init_boxed, jax.random.key(config.seed), mesh, rules)
     directory = checkpoint_directory(config, workdir)
     checkpointer = Checkpointer(directory, config.train.keep_checkpoints)
@@ -216,8 +218,10 @@ def build(config: ml_collections.ConfigDict, make_experiment: MakeExperiment,
     """The Setup of config on devices (default: all), its experiment from make_experiment(config, workdir)
     (the build of the module config.experiment names: the `lm` command resolves it), after checking that
     the mesh fits the devices and divides the batch; turns on (and names) the compilation cache of
-    train.compilation_cache_dir, before anything is compiled."""
-    if config.train.on_nonfinite not in ("stop", "skip"):
+    train.compilation_cache_dir, before anything is compiled. Its config is config with the schedule's
+    lengths resolved (resolve_schedule); a schedule that does not end with the run is printed (one line)."""
+    config = resolve_schedule(config)
+    if config.train.on_nonfinite not in NONFINITE_POLICIES:
         raise UserError(f"train.on_nonfinite={config.train.on_nonfinite!r}: use 'stop' or 'skip'")
     if config.train.prefetch < 0:
         raise UserError(f"train.prefetch={config.train.prefetch}: use 0 (off) or more batches")
@@ -225,6 +229,8 @@ def build(config: ml_collections.ConfigDict, make_experiment: MakeExperiment,
         raise UserError(f"train.steps_per_dispatch={config.train.steps_per_dispatch}: use 1 or more steps")
     cache = use_compilation_cache(config.train.compilation_cache_dir)
     print(f"compilation cache: {cache or 'off'}")
+    if warning := schedule_warning(config.optimizer, config.train.num_steps):
+        print(warning)
     mesh = sharding.make_mesh(config.mesh.to_dict(), devices)
     sharding.check_batch(config.train.batch_size, config.train.grad_accum_steps, mesh)
     rules = sharding.logical_rules(config.sharding_rules)
