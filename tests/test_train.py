@@ -36,15 +36,13 @@ def test_loss_falls_on_real_data(trained_run):
     assert {"loss", "learning_rate", "grad_norm", "tokens_per_second"} <= set(record)
 
 
-def test_mfu_only_against_a_data_sheet_or_a_given_peak(tmp_path, data_dir, test_config, capsys):
-    """A CPU's peak is not known: its runs log and print no MFU (not a figure over a measured matmul);
-    train.peak_flops gives one."""
+def test_mfu_only_against_a_data_sheet_or_a_given_peak(trained_run, tmp_path, data_dir, test_config, capsys):
+    """A CPU's peak is not known: its runs (the shared trained one) log no MFU (not a figure over a measured
+    matmul); train.peak_flops gives one."""
     assert peak_flops_per_device(types.SimpleNamespace(device_kind="cpu")) is None
     assert peak_flops_per_device(types.SimpleNamespace(device_kind="NVIDIA H100 80GB HBM3")) == 989e12
-    test_config.train.update(num_steps=2, log_every=1)
-    train(test_config, str(tmp_path / "cpu"), build_experiment, devices=jax.devices()[:1])
-    assert "MFU" not in capsys.readouterr().out and logged(tmp_path / "cpu", "mfu") == {}
-    test_config.train.peak_flops = 1e12
+    assert logged(trained_run[1], "mfu") == {} and "mfu" not in trained_run[2]
+    test_config.train.update(num_steps=2, log_every=1, peak_flops=1e12)
     train(test_config, str(tmp_path / "given"), build_experiment, devices=jax.devices()[:1])
     assert "MFU" in capsys.readouterr().out and logged(tmp_path / "given", "mfu").keys() == {1, 2}
 
