@@ -32,7 +32,7 @@ from absl import app, flags
 
 from lm.cli import define_string_once, parse_flags
 from lm.errors import UserError, fail, run_user_errors
-from lm.runs import CONFIG_FILE, METRICS_FILE, RESULTS_FILE, SUMMARY_FILE
+from lm.runs import CONFIG_FILE, METRICS_FILE, RESULTS_FILE, SUMMARY_FILE, flattened
 
 SPIKE_NATS = 1.0  # the default --spike
 
@@ -55,15 +55,10 @@ class Run:
     results: dict  # results.json without 'step' (scores after training, e.g. test BLEU); {} if absent
 
 
-def flatten(tree: dict, prefix: str = "") -> dict:
-    """{'model': {'norm': 'rms'}} -> {'model.norm': 'rms'}; lists become JSON strings (hashable)."""
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = json.dumps(value) if isinstance(value, list) else value
-    return flat
+def flatten(tree: dict) -> dict:
+    """{'model': {'norm': 'rms'}} -> {'model.norm': 'rms'} (lm.runs.flattened); lists become JSON strings
+    (hashable)."""
+    return {key: json.dumps(value) if isinstance(value, list) else value for key, value in flattened(tree).items()}
 
 
 def read_run(path: pathlib.Path) -> Run:
