@@ -51,8 +51,9 @@ def parse_axis(text: str, flag: str = "--sweep") -> tuple[str, list[str]]:
 
 
 def resolve_config(spec: str, overrides: dict[str, str]) -> ml_collections.ConfigDict:
-    """The config `--config=spec --config.k=v ...` names, as lm train trains it (and lm sweep and the
-    benchmarks resolve it): the file's config (load_config), each override key checked against its keys,
+    """The config `--config=spec --config.k=v ...` names, as lm train hands it to the trainer (and lm sweep
+    and the benchmarks resolve it; the trainer then fills in the schedule's derived lengths,
+    lm.train.optim.resolve_schedule): the file's config (load_config), each override key checked against its keys,
     then the values parsed by the ml_collections flag machinery, with the types of the config's values;
     the result is locked. Every mistake is a one-line UserError; nothing is trained."""
     config = load_config(spec)
