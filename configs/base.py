@@ -20,7 +20,7 @@ import ml_collections
 
 from lm import sharding
 from lm.data import tasks, tokens
-from lm.layers.options import declare, option
+from lm.layers.options import FRACTION, SHARE_BELOW_ONE, Range, at_least, declare, option
 from lm.models.bert import bert_options
 from lm.models.config import transformer_options
 from lm.train.options import mesh_options, optimizer_options, run_options, train_options
@@ -45,8 +45,8 @@ def text_data(dataset: str) -> ml_collections.ConfigDict:
     return declare(
         ml_collections.ConfigDict(),
         dataset=option(dataset, "the text corpus (lm/data/text.py DATASETS), read as characters"),
-        context_length=option(64, "characters per training window"),
-        train_fraction=option(0.9, "the first part of the text trained on; the rest is the val split"),
+        context_length=option(64, "characters per training window", bounds=at_least(1)),
+        train_fraction=option(0.9, "the first part of the text trained on; the rest is the val split", bounds=FRACTION),
     )
 
 
@@ -60,11 +60,11 @@ def token_file_data() -> ml_collections.ConfigDict:
         val_file=option("openwebtext/val.bin", "validation token ids, absolute or relative to $LM_DATA_DIR"),
         token_dtype=option("uint16", "the files' id type (uint32 for vocabularies past 65,536)",
                            choices=tuple(tokens.TOKEN_DTYPES)),
-        vocab_size=option(50257, "ids in the vocabulary (50257: GPT-2 BPE)"),
+        vocab_size=option(50257, "ids in the vocabulary (50257: GPT-2 BPE)", bounds=at_least(1)),
         # Saved into the run, so that lm sample prints text.
         tokenizer=option("", "the tokenizer.json the token files were made with, absolute or relative to "
                              "$LM_DATA_DIR; its vocabulary must be vocab_size ('' = none, ids only)"),
-        context_length=option(1024, "tokens per training window"),
+        context_length=option(1024, "tokens per training window", bounds=at_least(1)),
     )
 
 
@@ -81,9 +81,11 @@ def language_model(dataset: str = "tinyshakespeare") -> ml_collections.ConfigDic
     declare(
         config.model,
         tie_embeddings=option(True, "the output layer is the token embedding table (transposed)"),
-        vocab_multiple=option(64, "the vocabulary padded to a multiple of this, so it divides the 'tensor' mesh axis"),
+        vocab_multiple=option(64, "the vocabulary padded to a multiple of this, so it divides the 'tensor' mesh axis",
+                              bounds=at_least(1)),
         scale_embeddings=option(False, "token embeddings times sqrt(D) (Vaswani et al. 3.4)"),
-        loss_chunk=option(0, "positions per cross-entropy chunk (0: the whole (B, T, V) logits at once)"),
+        loss_chunk=option(0, "positions per cross-entropy chunk (0: the whole (B, T, V) logits at once)",
+                          bounds=at_least(0)),
     )
 
     config.optimizer = optimizer_options(min_learning_rate=1e-4, b2=0.99, weight_decay=0.1)
@@ -91,18 +93,18 @@ def language_model(dataset: str = "tinyshakespeare") -> ml_collections.ConfigDic
 
     config.eval = declare(
         ml_collections.ConfigDict(),
-        every=option(250, "steps between val loss evaluations"),
-        batch_size=option(48, "val windows per eval batch"),
-        num_batches=option(8, "val batches per evaluation (the same ones every time)"),
+        every=option(250, "steps between val loss evaluations", bounds=at_least(0)),
+        batch_size=option(48, "val windows per eval batch", bounds=at_least(1)),
+        num_batches=option(8, "val batches per evaluation (the same ones every time)", bounds=at_least(1)),
         context_lengths=option((), "val lengths scored after training, e.g. (128,): twice the training one"),
     )
 
     config.sample = declare(
         ml_collections.ConfigDict(),
         prompt=option("\n", "the text that the sample printed after training continues"),
-        max_new_tokens=option(300, "tokens the sample after training adds to the prompt"),
-        temperature=option(0.8, "the sample's logits are divided by this (0: greedy)"),
-        top_k=option(40, "sample among the k likeliest tokens only (0: all)"),
+        max_new_tokens=option(300, "tokens the sample after training adds to the prompt", bounds=at_least(0)),
+        temperature=option(0.8, "the sample's logits are divided by this (0: greedy)", bounds=at_least(0)),
+        top_k=option(40, "sample among the k likeliest tokens only (0: all)", bounds=at_least(0)),
     )
 
     add_mesh(config)
@@ -123,26 +125,28 @@ def translation() -> ml_collections.ConfigDict:
         target_lang=option("en", "the language translated into (lm/data/translation.py LANGUAGES)"),
         tokenizer=option("sentencepiece", "sentencepiece, or word: lowercased words, as the PyTorch tutorials",
                          choices=("sentencepiece", "word")),
-        vocab_size=option(8000, "pieces per language, for sentencepiece"),
+        vocab_size=option(8000, "pieces per language, for sentencepiece", bounds=at_least(1)),
         sentencepiece_model=option("unigram", "the sentencepiece model type", choices=("unigram", "bpe")),
-        min_freq=option(2, "for word: rarer words become <unk>"),
+        min_freq=option(2, "for word: rarer words become <unk>", bounds=at_least(1)),
         buckets=option((16, 24, 32, 48, 64), "padded lengths; longer training pairs are dropped"),
-        max_train_pairs=option(0, "the first so many training pairs (tokenizers fitted on them too; 0: all)"),
+        max_train_pairs=option(0, "the first so many training pairs (tokenizers fitted on them too; 0: all)",
+                               bounds=at_least(0)),
     )
 
     config.optimizer = optimizer_options(warmup_fraction=0.08, b2=0.98)
     # 128 sentences a step: 2500 steps are 11 epochs of the 29k training pairs.
     config.train = train_options(num_steps=2500, checkpoint_every=500)
-    declare(config.train, label_smoothing=option(0.1, LABEL_SMOOTHING))
+    declare(config.train, label_smoothing=option(0.1, LABEL_SMOOTHING, bounds=SHARE_BELOW_ONE))
 
     config.eval = declare(
         ml_collections.ConfigDict(),
-        every=option(500, "steps between val loss evaluations"),
-        bleu_every=option(500, "steps between greedy sacreBLEU scores of the val split (val_bleu); 0: off"),
-        batch_size=option(128, "sentences per eval batch, also for decoding"),
+        every=option(500, "steps between val loss evaluations", bounds=at_least(0)),
+        bleu_every=option(500, "steps between greedy sacreBLEU scores of the val split (val_bleu); 0: off",
+                          bounds=at_least(0)),
+        batch_size=option(128, "sentences per eval batch, also for decoding", bounds=at_least(1)),
         test_split=option("test_2016_flickr", "the split scored once after training (results.json)"),
         beam_sizes=option((1, 4), "the beam widths the test split is decoded with (1 = greedy)"),
-        length_penalty=option(0.6, "GNMT alpha for beam search"),
+        length_penalty=option(0.6, "GNMT alpha for beam search", bounds=at_least(0)),
     )
 
     add_mesh(config)
@@ -170,25 +174,27 @@ def image_classification() -> ml_collections.ConfigDict:
     config.data = declare(
         ml_collections.ConfigDict(),
         dataset=option("cifar10", "the image dataset ($LM_DATA_DIR/cifar10)", choices=("cifar10",)),
-        num_val=option(5000, "images held out of the 50k training images for validation"),
-        split_seed=option(0, "seeds which training images are held out"),
-        crop_padding=option(4, "pixels of zero padding before a random crop (0: no crop)"),
+        num_val=option(5000, "images held out of the 50k training images for validation", bounds=at_least(1)),
+        split_seed=option(0, "seeds which training images are held out", bounds=at_least(0)),
+        crop_padding=option(4, "pixels of zero padding before a random crop (0: no crop)", bounds=at_least(0)),
         flip=option(True, "random horizontal flips"),
-        randaugment_ops=option(0, "RandAugment ops per image (0: off)"),
-        randaugment_magnitude=option(9.0, "RandAugment magnitude, 0..10"),
-        mixup_alpha=option(0.0, "mixup's Beta(alpha, alpha) (0: off)"),
-        cutmix_alpha=option(0.0, "CutMix's Beta(alpha, alpha) (0: off; both > 0: one or the other per batch)"),
-        num_workers=option(0, "0: augment in a background thread; > 0: worker processes; -1: the cores less two"),
+        randaugment_ops=option(0, "RandAugment ops per image (0: off)", bounds=at_least(0)),
+        randaugment_magnitude=option(9.0, "RandAugment magnitude, 0..10", bounds=Range(0, 10)),
+        mixup_alpha=option(0.0, "mixup's Beta(alpha, alpha) (0: off)", bounds=at_least(0)),
+        cutmix_alpha=option(0.0, "CutMix's Beta(alpha, alpha) (0: off; both > 0: one or the other per batch)",
+                            bounds=at_least(0)),
+        num_workers=option(0, "0: augment in a background thread; > 0: worker processes; -1: the cores less two",
+                           bounds=at_least(0, -1)),
     )
 
     config.optimizer = optimizer_options(weight_decay=0.05)
     config.train = train_options(num_steps=10000)  # batch_size in images
-    declare(config.train, label_smoothing=option(0.1, LABEL_SMOOTHING))
+    declare(config.train, label_smoothing=option(0.1, LABEL_SMOOTHING, bounds=SHARE_BELOW_ONE))
 
     config.eval = declare(
         ml_collections.ConfigDict(),
-        every=option(1000, "steps between val loss and accuracy evaluations"),
-        batch_size=option(1000, "images per eval batch, global (the 5k val and 10k test splits)"),
+        every=option(1000, "steps between val loss and accuracy evaluations", bounds=at_least(0)),
+        batch_size=option(1000, "images per eval batch, global (the 5k val and 10k test splits)", bounds=at_least(1)),
     )
 
     add_mesh(config)
@@ -207,14 +213,16 @@ def masked_lm(size: str) -> ml_collections.ConfigDict:
         ml_collections.ConfigDict(),
         corpus=option(("gutenberg_books", "us_presidential_speeches"), "the corpus files, "
                                                                         "$LM_DATA_DIR/corpus/<name>.txt.gz"),
-        max_documents=option(0, "per corpus file, the first so many documents (0: all)"),
-        eval_documents=option(6, "documents held out for eval, drawn with seed 0 from all of them"),
+        max_documents=option(0, "per corpus file, the first so many documents (0: all)", bounds=at_least(0)),
+        eval_documents=option(6, "documents held out for eval, drawn with seed 0 from all of them", bounds=at_least(1)),
         vocab=option("bert-base-uncased", "a vocab.txt name or path; '' trains one of vocab_size pieces"),
-        vocab_size=option(0, "WordPiece pieces to train when vocab is ''"),
-        max_seq_len=option(128, "[CLS] A [SEP] B [SEP], padded to this many tokens"),
-        short_seq_prob=option(0.1, "the share of pairs shorter than max_seq_len, drawn at random (as BERT's data)"),
-        mask_prob=option(0.15, "the share of the non-special tokens masked"),
-        max_predictions=option(20, "masked positions per sequence the head predicts (BERT's per 128)"),
+        vocab_size=option(0, "WordPiece pieces to train when vocab is ''", bounds=at_least(0)),
+        max_seq_len=option(128, "[CLS] A [SEP] B [SEP], padded to this many tokens", bounds=at_least(1)),
+        short_seq_prob=option(0.1, "the share of pairs shorter than max_seq_len, drawn at random (as BERT's data)",
+                              bounds=FRACTION),
+        mask_prob=option(0.15, "the share of the non-special tokens masked", bounds=FRACTION),
+        max_predictions=option(20, "masked positions per sequence the head predicts (BERT's per 128)",
+                               bounds=at_least(1)),
     )
 
     # BERT's block options (post-norm, erf GELU, LayerNorm eps 1e-12, N(0, 0.02)) and the encoder size.
@@ -226,9 +234,9 @@ def masked_lm(size: str) -> ml_collections.ConfigDict:
 
     config.eval = declare(
         ml_collections.ConfigDict(),
-        every=option(1000, "steps between held-out masked-LM and NSP evaluations"),
-        batch_size=option(64, "sequence pairs per eval batch"),
-        num_batches=option(8, "eval batches per evaluation (the same ones every time)"),
+        every=option(1000, "steps between held-out masked-LM and NSP evaluations", bounds=at_least(0)),
+        batch_size=option(64, "sequence pairs per eval batch", bounds=at_least(1)),
+        num_batches=option(8, "eval batches per evaluation (the same ones every time)", bounds=at_least(1)),
     )
 
     add_mesh(config)
@@ -248,13 +256,13 @@ def finetune(task: str) -> ml_collections.ConfigDict:
     config.data = declare(
         ml_collections.ConfigDict(),
         vocab=option("", "a vocab.txt name or path; '' = the init_from run's tokenizer, else bert-base-uncased"),
-        max_seq_len=option(sizes.max_seq_len, "every row padded (or cut) to this many tokens"),
-        max_train_examples=option(0, "the first so many training examples (0: all)"),
-        max_eval_examples=option(0, "the first so many examples of each scored split (0: all)"),
-        doc_stride=option(128, "SQuAD: pieces between the starts of a long context's windows"),
-        max_query_length=option(64, "SQuAD: the question's pieces kept"),
-        max_answer_length=option(30, "SQuAD: the longest answer span decoded, in pieces"),
-        n_best=option(20, "SQuAD: start and end candidates per window"),
+        max_seq_len=option(sizes.max_seq_len, "every row padded (or cut) to this many tokens", bounds=at_least(1)),
+        max_train_examples=option(0, "the first so many training examples (0: all)", bounds=at_least(0)),
+        max_eval_examples=option(0, "the first so many examples of each scored split (0: all)", bounds=at_least(0)),
+        doc_stride=option(128, "SQuAD: pieces between the starts of a long context's windows", bounds=at_least(1)),
+        max_query_length=option(64, "SQuAD: the question's pieces kept", bounds=at_least(1)),
+        max_answer_length=option(30, "SQuAD: the longest answer span decoded, in pieces", bounds=at_least(1)),
+        n_best=option(20, "SQuAD: start and end candidates per window", bounds=at_least(1)),
     )
 
     config.optimizer = optimizer_options(learning_rate=1e-4, min_learning_rate=0.0, warmup_fraction=0.1,
@@ -263,8 +271,8 @@ def finetune(task: str) -> ml_collections.ConfigDict:
 
     config.eval = declare(
         ml_collections.ConfigDict(),
-        every=option(250, "steps between the dev split's loss and the task's scores (dev_*)"),
-        batch_size=option(128, "rows per eval batch"),
+        every=option(250, "steps between the dev split's loss and the task's scores (dev_*)", bounds=at_least(0)),
+        batch_size=option(128, "rows per eval batch", bounds=at_least(1)),
     )
 
     add_mesh(config)

@@ -43,7 +43,7 @@ import ml_collections
 
 from configs import base, bert
 from lm.data import tasks
-from lm.layers.options import declare, option
+from lm.layers.options import SHARE_BELOW_ONE, declare, option
 
 
 def get_config(variant: str = "sst2") -> ml_collections.ConfigDict:
@@ -56,7 +56,7 @@ def get_config(variant: str = "sst2") -> ml_collections.ConfigDict:
     # The encoder exactly as configs/bert.py pretrains it at this size (so init_from loads it).
     config.model = bert.get_config(size).model
     declare(config.model, head_dropout=option(0.1, "dropout on the encoder's outputs, before the task head (BERT's "
-                                                   "classifier dropout)"))
+                                                   "classifier dropout)", bounds=SHARE_BELOW_ONE))
 
     if size == "tiny":
         config.model.head_dropout = 0.0

@@ -23,7 +23,7 @@ shorter run's schedule ends with the run unless --config.optimizer.decay_steps=2
 import ml_collections
 
 from configs import base
-from lm.layers.options import declare, option
+from lm.layers.options import SHARE_BELOW_ONE, at_least, declare, option
 from lm.layers.rnn import CELLS
 from lm.layers.transformer import COMPUTE_DTYPES
 from lm.models.seq2seq import ATTENTIONS
@@ -37,10 +37,12 @@ def get_config(variant: str = "attention") -> ml_collections.ConfigDict:
         cell=option("gru", "the recurrent cell of the encoder and the decoder", choices=CELLS),
         attention=option("bahdanau", "how the decoder reads the source (lm/models/seq2seq.py); none: the "
                                      "encoder's final state is the only context", choices=ATTENTIONS),
-        embed_dim=option(256, "the token embedding width"),
-        hidden_dim=option(512, "the cell width: per direction in the encoder, the decoder's state"),
-        num_layers=option(1, "cells stacked in the encoder (each bidirectional) and in the decoder"),
-        dropout=option(0.3, "dropout on embeddings and cell outputs"),
+        embed_dim=option(256, "the token embedding width", bounds=at_least(1)),
+        hidden_dim=option(512, "the cell width: per direction in the encoder, the decoder's state",
+                          bounds=at_least(1)),
+        num_layers=option(1, "cells stacked in the encoder (each bidirectional) and in the decoder",
+                         bounds=at_least(1)),
+        dropout=option(0.3, "dropout on embeddings and cell outputs", bounds=SHARE_BELOW_ONE),
         compute_dtype=option("float32", "compute dtype; parameters stay float32", choices=tuple(COMPUTE_DTYPES)),
     )
 

@@ -16,7 +16,7 @@ without the pin a shorter run's schedule ends with the run), at about 1.05-1.24 
 import ml_collections
 
 from configs import base
-from lm.layers.options import declare, option
+from lm.layers.options import at_least, declare, option
 from lm.models.config import transformer_options
 
 
@@ -29,7 +29,8 @@ def get_config(variant: str = "base") -> ml_collections.ConfigDict:
     declare(
         config.model,
         architecture=option("transformer", "the translation model family (experiments/translation.py)"),
-        vocab_multiple=option(64, "each vocabulary padded to a multiple of this, so it divides the 'tensor' mesh axis"),
+        vocab_multiple=option(64, "each vocabulary padded to a multiple of this, so it divides the 'tensor' mesh axis",
+                              bounds=at_least(1)),
         scale_embeddings=option(True, "token embeddings times sqrt(D), as in the paper"),
     )
     config.optimizer.learning_rate = 5e-4

@@ -27,20 +27,22 @@ the host's cores less two).
 import ml_collections
 
 from configs import base
-from lm.layers.options import declare, option
+from lm.layers.options import at_least, declare, option
 from lm.models.config import transformer_options
-from lm.models.vit import POOLS
+from lm.models.vit import POOLS, VIT_POSITIONS
 
 
 def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
     config = base.image_classification()
     # The block options (norm, mlp, moe, init, ...) are shared with every Transformer experiment
     # (lm/models/config.py); position takes the ViT kinds of lm/models/vit.py.
-    config.model = transformer_options(num_layers=4, num_heads=4, num_kv_heads=4, embed_dim=128, mlp_ratio=2.0,
-                                       position="sincos2d")
+    config.model = transformer_options(num_layers=4, num_heads=4, num_kv_heads=4, embed_dim=128, mlp_ratio=2.0)
     declare(
         config.model,
-        patch_size=option(4, "pixels per side of a square patch; it must divide the 32-pixel image"),
+        position=option("sincos2d", "position scheme (lm/models/vit.py; rope and alibi act in the attention)",
+                        choices=VIT_POSITIONS),
+        patch_size=option(4, "pixels per side of a square patch; it must divide the 32-pixel image",
+                          bounds=at_least(1)),
         pool=option("gap", "the classifier reads the [CLS] token (cls) or the patches' mean (gap)", choices=POOLS),
     )
 

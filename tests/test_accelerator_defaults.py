@@ -99,7 +99,7 @@ def test_the_loop_reads_device_values_only_at_log_eval_and_checkpoint_steps(data
     monkeypatch.setattr(jax, "device_get", lambda tree: reads.append(1) or device_get(tree))
     with jax.transfer_guard_device_to_host("disallow"):
         loop.train(test_config, str(tmp_path), build_experiment, devices=jax.devices()[:1])
-    assert 0 < len(reads) <= 7, len(reads)
+    assert 0 < len(reads) <= 8, len(reads)  # + the checkpoint's host copy for its checksums
 
 
 def test_the_compilation_cache_is_on_by_default(tmp_path, monkeypatch):

@@ -51,10 +51,11 @@ def train_in_process(capsys, workdir, *overrides, num_devices=1) -> subprocess.C
     """`python -m lm train --config=SPEC --workdir=workdir overrides` after its flags are parsed, in this
     process on num_devices devices (one, as a user's CPU has): the config resolved from the
     --config.key=value overrides as lm train resolves them, then train with lm train's error handling."""
-    config = resolve_config(SPEC, dict(o.removeprefix("--config.").split("=", 1) for o in overrides))
-    devices = jax.devices()[:num_devices]
-    return exit_code_and_output(
-        capsys, lambda: run_user_errors(lambda: train(config, str(workdir), build_experiment, devices)))
+    def command():
+        config = resolve_config(SPEC, dict(o.removeprefix("--config.").split("=", 1) for o in overrides))
+        return train(config, str(workdir), build_experiment, jax.devices()[:num_devices])
+
+    return exit_code_and_output(capsys, lambda: run_user_errors(command))
 
 
 def main_in_process(capsys, module, *args, parse_flags=parse_flags) -> subprocess.CompletedProcess:
@@ -99,7 +100,7 @@ def test_bad_override_is_one_line_and_writes_nothing(tmp_path, override, fragmen
         ("--config.model.num_heads=3", ["embed_dim=32 is not divisible by model.num_heads=3"]),
         ("--config.model.moe.num_experts=2 --config.model.moe.top_k=3", ["top_k <= num_experts", "top_k=3"]),
         ("--config.mesh.data=16", ["needs 16 devices but 1 are available", "device_count=16 before the command"]),
-        ("--config.train.on_nonfinite=ignore", ["on_nonfinite", "'stop' or 'skip'"]),
+        ("--config.train.on_nonfinite=ignore", ["on_nonfinite", "one of ('stop', 'skip')"]),
     ],
 )
 def test_bad_config_is_one_line_and_writes_nothing(tmp_path, data_dir, capsys, override, fragments):

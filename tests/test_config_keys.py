@@ -31,9 +31,13 @@ def test_print_config_lists_value_type_choices_and_description():
                                   "LayerNorm or RMSNorm (lm/layers/norms.py) (one of layer, rms)"]
     assert keys["model.compute_dtype"][1:3] == ["'float32'", "str"]
     assert keys["model.compute_dtype"][3].endswith("(one of float32, bfloat16)")
-    assert keys["model.moe.top_k"] == ["model.moe.top_k", "2", "int", "experts per token: 1 (Switch) or 2 (GShard)"]
+    assert keys["model.moe.top_k"] == ["model.moe.top_k", "2", "int",
+                                       "experts per token: 1 (Switch) or 2 (GShard) (range: 1 or more)"]
     assert keys["optimizer.learning_rate"] == ["optimizer.learning_rate", "0.01", "float",
-                                               "the peak learning rate, reached at the end of warmup"]
+                                               "the peak learning rate, reached at the end of warmup "
+                                               "(range: 0 or more)"]
+    assert keys["model.dropout"][3].endswith("(range: at least 0 and below 1)")
+    assert keys["mesh.data"][3].endswith("(range: 1 or more, or -1)")
     assert keys["train.on_nonfinite"][3].endswith("(one of stop, skip)")
     assert keys["mesh.data"][1:3] == ["-1", "int"] and keys["data.context_length"][1] == "16"
 

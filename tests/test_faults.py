@@ -12,8 +12,10 @@ import pytest
 from conftest import REPO, subprocess_env
 from test_cli import CONFIG, assert_user_error, main_in_process, snapshot, train_in_process
 
+from lm.cli import eval as eval_cli
 from lm.cli import sample as sample_cli
 from lm.cli.resolve import build_experiment
+from lm.errors import UserError
 from lm.train.loop import train
 from lm.train.setup import restore_params
 
@@ -46,6 +48,84 @@ def test_damaged_checkpoint_names_its_step_and_falls_back_only_when_asked(run_co
         jax.tree.leaves(restore_params(config, build_experiment(config), workdir, step=40))[0],
         jax.tree.leaves(restore_params(config, build_experiment(config), original, step=40))[0],
     )
+
+
+def damage_an_array(config, workdir, step):
+    """Flips a byte in the largest data file of the checkpoint at step, one where the file still
+    decodes but an array's values change: its chunks are zstd-compressed, without checksums, and
+    where the writes put them varies, so a flip may make it unreadable (the test above covers that)
+    or change nothing restored; tries the next byte until one is caught by the checksums."""
+    data = max((workdir / "checkpoints" / str(step) / "state").rglob("d/*"), key=lambda p: p.stat().st_size)
+    original = data.read_bytes()
+    for position in range(len(original) // 2, len(original), 97):
+        content = bytearray(original)
+        content[position] ^= 0xFF
+        data.write_bytes(bytes(content))
+        try:
+            restore_params(config, build_experiment(config), workdir, step=step)
+        except UserError as error:
+            if "does not match the checksum" in str(error):
+                return
+    raise AssertionError(f"no byte of {data} that decodes")
+
+
+def test_checksums_catch_a_flipped_byte_and_fall_back_only_to_a_verified_checkpoint(run_copy, capsys):
+    config, _, workdir = run_copy
+    checkpoints = workdir / "checkpoints"
+    damage_an_array(config, workdir, 40)
+    capsys.readouterr()  # (what the tries printed)
+    before = snapshot(workdir)
+    result = train_in_process(capsys, workdir, "--config.train.num_steps=50")
+    assert_user_error(result, "checkpoint at step 40", "the array ", "does not match the checksum", "restore_fallback")
+    assert snapshot(workdir) == before
+    evaluated = main_in_process(capsys, eval_cli, f"--workdir={workdir}", "--step=40")  # one step asked for
+    assert_user_error(evaluated, "checkpoint at step 40", "does not match the checksum")
+
+    # num_steps=30: the run restored from step 30 has nothing left to train (and trains nothing here)
+    result = train_in_process(capsys, workdir, "--config.train.num_steps=30", "--config.train.restore_fallback=True")
+    assert result.returncode == 0 and "resumed from step 30" in result.stdout
+    (warning,) = result.stderr.strip().splitlines()
+    assert "step 40" in warning and "does not match the checksum" in warning and "resuming from step 30" in warning
+
+    damage_an_array(config, workdir, 30)
+    capsys.readouterr()
+    metrics = snapshot(workdir / "metrics.jsonl")
+    result = train_in_process(capsys, workdir, "--config.train.num_steps=50", "--config.train.restore_fallback=True")
+    assert_user_error(result, "no checkpoint in", "30.corrupt, 40.corrupt", "to train from step 0, delete")
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["30.corrupt", "40.corrupt"]  # nothing trained
+    assert snapshot(workdir / "metrics.jsonl") == metrics
+    # and so it stays: a rerun does not start from step 0 by itself
+    assert_user_error(train_in_process(capsys, workdir, "--config.train.restore_fallback=True"), "no checkpoint in")
+
+
+def test_a_checkpoint_without_checksums_restores_unverified(run_copy):
+    """Checkpoints saved before checksums were recorded have no checksums.json."""
+    config, original, workdir = run_copy
+    (workdir / "checkpoints" / "40" / "checksums.json").unlink()
+    restored = restore_params(config, build_experiment(config), workdir)
+    expected = restore_params(config, build_experiment(config), original)
+    for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(expected), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_nan_stop_names_the_newest_checkpoint_with_finite_parameters(tmp_path):
+    """An update with finite gradients can make parameters Inf (the NaN loss comes a step later): the
+    checkpoint saved in between is not the one to resume from."""
+    from lm.train.checkpoint import Checkpointer
+    from lm.train.loop import count_nonfinite
+
+    checkpointer = Checkpointer(str(tmp_path / "checkpoints"), keep=3)
+    try:
+        checkpointer.save(2, {"params": {"w": jax.numpy.ones(3)}})
+        checkpointer.save(4, {"params": {"w": jax.numpy.array([1.0, np.inf, 0.0])}})
+        flags = [(5, jax.numpy.array([1]))]
+        with pytest.raises(UserError, match="NaN/Inf at step 5 .*the checkpoint at step 2 is the newest whose"):
+            count_nonfinite(flags, "stop", checkpointer.last_finite_step)
+    finally:
+        checkpointer.close()
+    assert (tmp_path / "checkpoints" / "4" / "checksums.json").is_file()
+    with pytest.raises(UserError, match="no checkpoint with finite parameters and optimizer state yet"):
+        count_nonfinite(flags, "stop", lambda: None)
 
 
 def test_full_disk_during_a_save_keeps_the_previous_checkpoint(run_copy, capsys):

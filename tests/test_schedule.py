@@ -59,9 +59,9 @@ def test_explicit_lengths_are_kept_and_a_schedule_off_the_run_is_one_line():
 
 
 @pytest.mark.parametrize("override, message", [
-    ({"optimizer.decay_steps": "0"}, "optimizer.decay_steps=0: give the schedule's length in steps"),
-    ({"optimizer.warmup_steps": "-2"}, "optimizer.warmup_steps=-2: give 0 or more steps, or -1"),
-    ({"optimizer.warmup_fraction": "1.0"}, "optimizer.warmup_fraction=1.0: give a fraction of decay_steps"),
+    ({"optimizer.decay_steps": "0"}, "optimizer.decay_steps=0 is out of range: use 1 or more, or -1"),
+    ({"optimizer.warmup_steps": "-2"}, "optimizer.warmup_steps=-2 is out of range: use 0 or more, or -1"),
+    ({"optimizer.warmup_fraction": "1.0"}, "optimizer.warmup_fraction=1.0 is out of range: use at least 0 and below 1"),
 ])
 def test_a_length_that_is_no_number_of_steps_is_a_user_error(override, message):
     with pytest.raises(UserError, match=message):

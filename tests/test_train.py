@@ -209,7 +209,7 @@ def test_diverging_run_stops_with_a_message_or_skips_and_never_saves_nonfinite(t
     test_config.optimizer.update(learning_rate=1e4, warmup_steps=0)
     test_config.train.update(num_steps=8, checkpoint_every=2, log_every=4)
     device = jax.devices()[:1]
-    with pytest.raises(UserError, match=r"NaN/Inf at step [34] .*the checkpoint at step 2 is intact") as stop:
+    with pytest.raises(UserError, match=r"NaN/Inf at step [34] .*the checkpoint at step 2 is the newest whose") as stop:
         train(test_config, str(tmp_path / "stop"), build_experiment, devices=device)
     first_nonfinite = int(str(stop.value).split("NaN/Inf at step ")[1].split()[0])
     assert sorted(p.name for p in (tmp_path / "stop" / "checkpoints").iterdir() if p.name.isdigit()) == ["2"]

@@ -55,7 +55,8 @@ def resolve_config(spec: str, overrides: dict[str, str]) -> ml_collections.Confi
     and the benchmarks resolve it; the trainer then fills in the schedule's derived lengths,
     lm.train.optim.resolve_schedule): the file's config (load_config), each override key checked against its keys,
     then the values parsed by the ml_collections flag machinery, with the types of the config's values;
-    the result is locked. Every mistake is a one-line UserError; nothing is trained."""
+    the result is locked. Every mistake, a value outside its declared choices or range included
+    (check_declared), is a one-line UserError; nothing is trained."""
     config = load_config(spec)
     for key in overrides:
         check_key(config, key, spec)
@@ -66,6 +67,9 @@ def resolve_config(spec: str, overrides: dict[str, str]) -> ml_collections.Confi
         flag_values(argv)
     except (flags.Error, TypeError, ValueError) as e:
         raise UserError(_bad_value(e, config)) from e
+    from lm.layers.options import check_declared  # lm.layers imports jax: not on the way to --help
+
+    check_declared(config)
     return config
 
 
@@ -182,7 +186,8 @@ def _explain(declared) -> str:
     if declared is None:
         return "no description"
     choices = f" (one of {', '.join(map(str, declared.choices))})" if declared.choices else ""
-    return declared.doc + choices
+    bounds = f" (range: {declared.bounds})" if declared.bounds else ""
+    return declared.doc + choices + bounds
 
 
 def split_config_overrides(argv: list[str]) -> tuple[list[str], dict[str, str]]:

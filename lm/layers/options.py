@@ -8,9 +8,15 @@ dataclasses run on themselves), so a new switch is one field plus the layer code
 The other config sections (run, optimizer, train, data, eval, sample, mesh) declare their keys with the
 same `option` as they are built (`declare`); every section keeps each key's description and allowed
 values beside it (`description`), which `lm train --print_config` lists.
+
+A number's option declares the Range it may take (`bounds=at_least(1)`, `FRACTION`, ...); `check_declared`
+checks every declared choice and range of a config before anything is written or compiled (the command
+line's resolve_config, and lm.train.optim.resolve_schedule, which every run passes through). The
+descriptions are kept per section object: `declared_copy` is a copy that keeps them.
 """
 
 import dataclasses
+import math
 import typing
 import weakref
 from collections.abc import Mapping, Sequence
@@ -23,11 +29,60 @@ from lm.errors import UserError
 CHECKED_TYPES = (bool, int, float, str)  # field types whose values are checked (float also takes an int)
 
 
-def option(default: Any, doc: str, *, choices: Sequence | Mapping | None = None, key: str | None = None) -> Any:
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """The numbers an option may take: from low (above it, where low_open) up to high (below it, where
+    high_open), None: no end; also, single values allowed besides (e.g. -1: derived from the run).
+    NaN and infinities are never in range."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    also: tuple = ()
+
+    def __contains__(self, value: float) -> bool:
+        if value in self.also:
+            return True
+        if not math.isfinite(value):
+            return False
+        above_low = self.low is None or (value > self.low if self.low_open else value >= self.low)
+        below_high = self.high is None or (value < self.high if self.high_open else value <= self.high)
+        return above_low and below_high
+
+    def __str__(self) -> str:
+        low = None if self.low is None else f"{'more than' if self.low_open else 'at least'} {self.low}"
+        high = None if self.high is None else f"{'below' if self.high_open else 'at most'} {self.high}"
+        if low and high and not self.low_open and not self.high_open:
+            text = f"from {self.low} to {self.high}"
+        elif low and not high and not self.low_open:
+            text = f"{self.low} or more"
+        else:
+            text = " and ".join(filter(None, (low, high))) or "any finite number"
+        return text + "".join(f", or {value}" for value in self.also)
+
+
+def at_least(low: float, *also: float) -> Range:
+    """low or more (and the values also); e.g. at_least(1) for counts, at_least(0) for rates."""
+    return Range(low, also=also)
+
+
+def above(low: float) -> Range:
+    """More than low: e.g. above(0) for a scale that must not vanish."""
+    return Range(low, low_open=True)
+
+
+FRACTION = Range(0, 1)  # a share, 0 to 1
+SHARE_BELOW_ONE = Range(0, 1, high_open=True)  # a share that leaves something: dropout, warmup_fraction, b1, b2
+
+
+def option(default: Any, doc: str, *, choices: Sequence | Mapping | None = None, bounds: Range | None = None,
+           key: str | None = None) -> Any:
     """A dataclass field: its default and a one-line description; choices, the allowed values (a
     sequence, or a mapping from the names a config holds to the values the field holds, e.g.
-    "bfloat16" -> jnp.bfloat16); key, the config's name for the field where it differs."""
-    return dataclasses.field(default=default, metadata={"doc": doc, "choices": choices, "key": key})
+    "bfloat16" -> jnp.bfloat16); bounds, the Range a number must lie in (check_declared); key, the
+    config's name for the field where it differs."""
+    return dataclasses.field(default=default, metadata={"doc": doc, "choices": choices, "bounds": bounds, "key": key})
 
 
 def option_fields(cls: type) -> list[tuple[dataclasses.Field, Any]]:
@@ -55,22 +110,30 @@ def config_value(field: dataclasses.Field, value: Any) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class Description:
-    """What a config key means, in one line, and the values it may take (None: any of its type)."""
+    """What a config key means, in one line, and the values it may take (choices, bounds; None: any of
+    its type)."""
 
     doc: str
     choices: tuple | None = None
+    bounds: Range | None = None
 
 
 _DESCRIPTIONS: dict[int, dict[str, Description]] = {}  # id(section) -> {key: Description}, while the section lives
 
 
-def _describe(section: ml_collections.ConfigDict, key: str, declared: dataclasses.Field) -> None:
-    """Keeps the description and choices of an `option` beside section, for its key."""
+def _keep(section: ml_collections.ConfigDict, key: str, described: Description) -> None:
+    """Keeps described beside section, for its key, while the section lives."""
     if id(section) not in _DESCRIPTIONS:
         _DESCRIPTIONS[id(section)] = {}
         weakref.finalize(section, _DESCRIPTIONS.pop, id(section))
+    _DESCRIPTIONS[id(section)][key] = described
+
+
+def _describe(section: ml_collections.ConfigDict, key: str, declared: dataclasses.Field) -> None:
+    """Keeps the description, choices and bounds of an `option` beside section, for its key."""
     choices = declared.metadata.get("choices")
-    _DESCRIPTIONS[id(section)][key] = Description(doc(declared), None if choices is None else tuple(choices))
+    _keep(section, key, Description(doc(declared), None if choices is None else tuple(choices),
+                                    declared.metadata.get("bounds")))
 
 
 def declare(section: ml_collections.ConfigDict, **options: dataclasses.Field) -> ml_collections.ConfigDict:
@@ -85,6 +148,40 @@ def declare(section: ml_collections.ConfigDict, **options: dataclasses.Field) ->
 def description(section: ml_collections.ConfigDict, key: str) -> Description | None:
     """What was declared for section[key]; None where the section's builder declared nothing."""
     return _DESCRIPTIONS.get(id(section), {}).get(key)
+
+
+def declared_copy(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """config.copy_and_resolve_references(), its sections keeping what was declared for their keys (a
+    plain copy is a new ConfigDict that `description` knows nothing of)."""
+    copy = config.copy_and_resolve_references()
+    _carry_descriptions(config, copy)
+    return copy
+
+
+def _carry_descriptions(section: ml_collections.ConfigDict, copy: ml_collections.ConfigDict) -> None:
+    for key, described in _DESCRIPTIONS.get(id(section), {}).items():
+        _keep(copy, key, described)
+    for key, value in section.items():
+        if isinstance(value, ml_collections.ConfigDict):
+            _carry_descriptions(value, copy[key])
+
+
+def check_declared(config: ml_collections.ConfigDict, prefix: str = "") -> None:
+    """UserError for the first key of config, at any depth, whose value is not one of its declared choices
+    or a number outside its declared bounds (NaN and infinities are outside every range); keys nobody
+    declared are not checked. Runs before anything is written or compiled (lm.train.optim.resolve_schedule)."""
+    for key, value in config.items():
+        name = prefix + key
+        if isinstance(value, ml_collections.ConfigDict):
+            check_declared(value, name + ".")
+            continue
+        declared = description(config, key)
+        if declared is None:
+            continue
+        if declared.choices is not None and value not in declared.choices:
+            raise UserError(f"{name}={value!r}: use one of {declared.choices}")
+        if declared.bounds is not None and has_type(value, float) and value not in declared.bounds:
+            raise UserError(f"{name}={value!r} is out of range: use {declared.bounds}")
 
 
 def declared_section(cls: type) -> ml_collections.ConfigDict:

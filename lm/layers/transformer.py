@@ -35,7 +35,7 @@ from lm.layers.initializers import INIT_SCHEMES, initializers
 from lm.layers.mlp import MLP_KINDS, Mlp, mlp_hidden_dim
 from lm.layers.moe import MoeMlp
 from lm.layers.norms import NORM_KINDS, Norm
-from lm.layers.options import check_options, option
+from lm.layers.options import SHARE_BELOW_ONE, above, at_least, check_options, option
 from lm.layers.partitioning import constrain
 from lm.layers.positions import POSITION_KINDS
 
@@ -54,12 +54,16 @@ COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}  # model.com
 class MoeConfig:
     """The mixture-of-experts options (config section model.moe)."""
 
-    num_experts: int = option(0, "0: a dense MLP in every block; E >= 2: experts replace every `every`-th MLP")
-    every: int = option(2, "experts replace the MLP of blocks every-1, 2*every-1, ... (1: all blocks)")
-    top_k: int = option(2, "experts per token: 1 (Switch) or 2 (GShard)")
-    capacity_factor: float = option(1.25, "slots per expert = capacity_factor * top_k * tokens / experts")
-    load_balance_weight: float = option(0.01, "weight of the Switch/GShard load-balancing loss (lm/losses.py)")
-    router_z_weight: float = option(0.001, "weight of the ST-MoE router z-loss (lm/losses.py)")
+    num_experts: int = option(0, "0: a dense MLP in every block; E >= 2: experts replace every `every`-th MLP",
+                              bounds=at_least(0))
+    every: int = option(2, "experts replace the MLP of blocks every-1, 2*every-1, ... (1: all blocks)",
+                        bounds=at_least(1))
+    top_k: int = option(2, "experts per token: 1 (Switch) or 2 (GShard)", bounds=at_least(1))
+    capacity_factor: float = option(1.25, "slots per expert = capacity_factor * top_k * tokens / experts",
+                                    bounds=above(0))
+    load_balance_weight: float = option(0.01, "weight of the Switch/GShard load-balancing loss (lm/losses.py)",
+                                        bounds=at_least(0))
+    router_z_weight: float = option(0.001, "weight of the ST-MoE router z-loss (lm/losses.py)", bounds=at_least(0))
 
     def __post_init__(self):
         check_options(self, "model.moe.")
@@ -70,24 +74,27 @@ class TransformerConfig:
     """Every block option, declared once: the config's `model` section is generated from these fields
     (lm/models/config.py), with each field's default, description and allowed values."""
 
-    num_layers: int = option(4, "blocks in the stack (each stack of an encoder-decoder)")
-    num_heads: int = option(4, "attention (query) heads; embed_dim must be a multiple")
+    num_layers: int = option(4, "blocks in the stack (each stack of an encoder-decoder)", bounds=at_least(1))
+    num_heads: int = option(4, "attention (query) heads; embed_dim must be a multiple", bounds=at_least(1))
     num_kv_heads: int = option(4, "key/value heads, dividing num_heads: equal for multi-head attention, fewer for "
-                                  "grouped-query attention, 1 for multi-query")
-    embed_dim: int = option(128, "the model width D")
+                                  "grouped-query attention, 1 for multi-query", bounds=at_least(1))
+    embed_dim: int = option(128, "the model width D", bounds=at_least(1))
     mlp: str = option("gelu", "the MLP kind (lm/layers/mlp.py)", choices=MLP_KINDS)
-    mlp_ratio: float = option(4.0, "classic MLP hidden width = mlp_ratio * embed_dim; SwiGLU 2/3 of it")
-    mlp_multiple: int = option(8, "SwiGLU hidden width rounded to a multiple of this")
+    mlp_ratio: float = option(4.0, "classic MLP hidden width = mlp_ratio * embed_dim; SwiGLU 2/3 of it",
+                              bounds=above(0))
+    mlp_multiple: int = option(8, "SwiGLU hidden width rounded to a multiple of this", bounds=at_least(1))
     mlp_hidden_dim_override: int = option(0, "the MLP hidden width itself (0: from mlp_ratio and mlp_multiple), "
-                                             "e.g. a pretrained model's intermediate size", key="mlp_hidden_dim")
+                                             "e.g. a pretrained model's intermediate size", key="mlp_hidden_dim",
+                                       bounds=at_least(0))
     norm: str = option("layer", "LayerNorm or RMSNorm (lm/layers/norms.py)", choices=NORM_KINDS)
     norm_position: str = option("pre", "pre-norm x + f(norm(x)), or post-norm norm(x + f(x))",
                                 choices=NORM_POSITIONS)
-    norm_epsilon: float = option(1e-5, "the eps added to the variance (LayerNorm) or mean square (RMSNorm)")
+    norm_epsilon: float = option(1e-5, "the eps added to the variance (LayerNorm) or mean square (RMSNorm)",
+                                  bounds=at_least(0))
     position: str = option("learned", "position scheme (lm/layers/positions.py)", choices=POSITION_KINDS)
-    rope_base: float = option(10000.0, "RoPE frequency base")
-    dropout: float = option(0.0, "dropout on embeddings and sub-layer outputs")
-    attention_dropout: float = option(0.0, "dropout on attention weights")
+    rope_base: float = option(10000.0, "RoPE frequency base", bounds=above(0))
+    dropout: float = option(0.0, "dropout on embeddings and sub-layer outputs", bounds=SHARE_BELOW_ONE)
+    attention_dropout: float = option(0.0, "dropout on attention weights", bounds=SHARE_BELOW_ONE)
     use_bias: bool = option(True, "biases in the attention and MLP projections")
     init: str = option("gpt2", "initialisation scheme (lm/layers/initializers.py)", choices=INIT_SCHEMES)
     dtype: Any = option(jnp.float32, "compute dtype; parameters stay float32 (the optimizer's master copy)",

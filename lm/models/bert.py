@@ -28,7 +28,7 @@ from lm.layers.attention import padding_mask
 from lm.layers.embedding import TokenEmbedding
 from lm.layers.heads import LMHead, head_dense
 from lm.layers.norms import Norm
-from lm.layers.options import declare, option
+from lm.layers.options import at_least, declare, option
 from lm.layers.partitioning import constrain, param_init
 from lm.layers.positions import PositionEmbedding
 from lm.layers.transformer import TransformerConfig, TransformerStack
@@ -68,9 +68,12 @@ def bert_options(size: str = "base", **overrides) -> ml_collections.ConfigDict:
     )
     declare(
         model,
-        max_positions=option(512, "rows of the learned position table: the longest sequence"),
-        type_vocab_size=option(2, "segment (token type) embeddings: sentence A and B"),
-        vocab_multiple=option(64, "the token table's rows padded to a multiple, so 'vocab' can be sharded"),
+        max_positions=option(512, "rows of the learned position table: the longest sequence",
+                             bounds=at_least(1)),
+        type_vocab_size=option(2, "segment (token type) embeddings: sentence A and B",
+                               bounds=at_least(1)),
+        vocab_multiple=option(64, "the token table's rows padded to a multiple, so 'vocab' can be sharded",
+                              bounds=at_least(1)),
     )
     model.update(overrides)
     return model

@@ -4,12 +4,24 @@ The data position needs no saving: every pipeline's global batch number s depend
 and s (see Experiment.train_data), so a run restored at step s reads on from batch s. That also
 makes a checkpoint independent of the topology: the arrays are saved whole (each process writes its
 shards) and restored into whatever shardings the new mesh gives them.
+
+Each checkpoint of a single-process run also records a CRC-32 of every array (checksums.json in the
+step's folder, written once Orbax has finished the step; computed by a thread on the host copy taken
+when the save starts), and a restore compares them: a damaged file that still decodes is caught too.
+A checkpoint without the file (saved before checksums were added, or by several processes, each of
+which holds only its shards) is restored unverified.
 """
 
+import concurrent.futures
 import contextlib
+import gc
+import json
 import sys
+import zlib
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
@@ -21,6 +33,22 @@ def path_name(path) -> str:
     """'params/block_0/mlp/up/kernel' for a tree path, whether its keys are dict keys, attributes
     (dataclasses, named tuples) or indices: Orbax's metadata tree and the state differ in which."""
     return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+
+
+CHECKSUMS_FILE = "checksums.json"
+
+
+def array_checksums(host_state) -> dict[str, str]:
+    """Array path name -> CRC-32 (8 hex digits) of its bytes, for a tree of host (numpy) arrays."""
+    return {path_name(path): f"{zlib.crc32(np.ascontiguousarray(leaf).reshape(-1).view(np.uint8)):08x}"
+            for path, leaf in jax.tree_util.tree_leaves_with_path(host_state)}
+
+
+@jax.jit
+def all_finite(state) -> jax.Array:
+    """Whether every value of every array of state (parameters, optimizer state) is finite (no NaN/Inf):
+    one boolean scalar, computed on the devices."""
+    return jnp.all(jnp.stack([jnp.isfinite(leaf).all() for leaf in jax.tree.leaves(state)]))
 
 
 class Checkpointer:
@@ -41,6 +69,9 @@ class Checkpointer:
             ),
             item_handlers={"state": ocp.StandardCheckpointHandler()},
         )
+        self.hasher = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="checksums")
+        self.pending: tuple[int, concurrent.futures.Future] | None = None  # (step, its checksums) being saved
+        self.finite: dict[int, jax.Array] = {}  # step saved or restored here -> all_finite(its state)
 
     def check_compatible(self, abstract_state, step: int) -> None:
         """Raises IncompatibleCheckpoint when the checkpoint at step holds arrays of other shapes than this
@@ -68,19 +99,43 @@ class Checkpointer:
         truncated files) raises CorruptCheckpoint."""
         try:
             self.check_compatible(abstract_state, step)
-            return self.restore(step, abstract_state)
+            with quiet_failed_reads():
+                state = self.restore(step, abstract_state)
         except UserError:
             raise
         except Exception as e:  # noqa: BLE001 (Orbax and TensorStore raise many kinds for unreadable files)
-            raise CorruptCheckpoint(step, self.manager.directory, e) from e
+            reason = f"cannot be read ({type(e).__name__}: {' '.join(str(e).split())[:200]})"
+            raise CorruptCheckpoint(step, self.manager.directory, reason) from e
+        self.verify(step, state)
+        self.finite[step] = all_finite(state)
+        return state
+
+    def verify(self, step: int, state) -> None:
+        """Raises CorruptCheckpoint naming the first array of the restored state whose CRC-32 differs
+        from the one recorded at save time; nothing to compare without checksums.json or with several
+        processes (each holds only its shards)."""
+        file = self.manager.directory / str(step) / CHECKSUMS_FILE
+        if jax.process_count() > 1 or not file.exists():
+            return
+        try:
+            recorded = json.loads(file.read_text())
+        except (OSError, ValueError) as e:
+            raise CorruptCheckpoint(step, self.manager.directory, f"has a damaged {CHECKSUMS_FILE} ({e})") from e
+        for name, checksum in array_checksums(jax.device_get(state)).items():
+            if recorded.get(name) != checksum:
+                raise CorruptCheckpoint(step, self.manager.directory, f"is damaged: the array {name} does not "
+                                        "match the checksum recorded when it was saved")
 
     def restore_latest(self, abstract_state, fallback: bool) -> tuple[int, object] | None:
         """(step, state) of the latest checkpoint, or None when there is none. One that cannot be
-        read is a UserError, unless fallback: then it is set aside (renamed '<step>.corrupt', kept
-        for inspection) and the one before is tried."""
+        read or fails its checksums is a UserError, unless fallback: then it is set aside (renamed
+        '<step>.corrupt', kept for inspection), said in a warning once an earlier one restores, and
+        the one before is tried. With none left (or only set-aside ones) it is a UserError too: a
+        run starts again from step 0 only once the user has deleted the checkpoints."""
+        warnings = []
         for step in sorted(self.manager.all_steps(), reverse=True):
             try:
-                return step, self.restore_checked(step, abstract_state)
+                restored = step, self.restore_checked(step, abstract_state)
             except CorruptCheckpoint as e:
                 if not fallback:
                     raise UserError(f"{e}; pass --config.train.restore_fallback=True to resume from the one "
@@ -90,14 +145,49 @@ class Checkpointer:
                     (self.manager.directory / str(step)).rename(aside)
                 multihost_utils.sync_global_devices(f"set aside checkpoint {step}")
                 self.manager.reload()
-                print(f"warning: {e}; moved it to {aside} and trying the one before", file=sys.stderr)
+                warnings.append(f"warning: {e}; moved it to {aside}")
+                continue
+            for warning in warnings:
+                print(f"{warning}; resuming from step {step}", file=sys.stderr)
+            return restored
+        set_aside = sorted(p.name for p in self.manager.directory.iterdir() if p.name.endswith(".corrupt")) \
+            if self.manager.directory.exists() else []
+        if set_aside:
+            raise UserError(f"no checkpoint in {self.manager.directory} can be restored (damaged ones set aside: "
+                            f"{', '.join(set_aside)}); to train from step 0, delete {self.manager.directory} "
+                            "(or pass another --workdir)")
         return None
 
     def save(self, step: int, state) -> bool:
         """Saves now (the trainer decides when), in the background; a failure of the previous
-        background save (a full disk, say) is raised here as a UserError."""
+        background save (a full disk, say) is raised here as a UserError. The arrays' checksums are
+        computed meanwhile (single-process runs) and written once the save has finished."""
         with save_errors(self.manager.directory):
-            return self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)), force=True)
+            self.manager.wait_until_finished()
+            self.write_checksums()
+            self.finite[step] = all_finite(state)
+            host_state = jax.device_get(state) if jax.process_count() == 1 else None
+            saved = self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)), force=True)
+            if host_state is not None:
+                self.pending = step, self.hasher.submit(array_checksums, host_state)
+            return saved
+
+    def write_checksums(self) -> None:
+        """Writes the checksums of the last save (which must have finished) into its step's folder,
+        atomically (a temporary file renamed)."""
+        if self.pending is None:
+            return
+        (step, checksums), self.pending = self.pending, None
+        folder = self.manager.directory / str(step)
+        temporary = folder / f"{CHECKSUMS_FILE}.tmp"
+        temporary.write_text(json.dumps(checksums.result(), indent=0))
+        temporary.rename(folder / CHECKSUMS_FILE)
+
+    def last_finite_step(self) -> int | None:
+        """The newest step saved or restored by this checkpointer whose state (parameters, optimizer
+        state) is all finite."""
+        finite = [step for step, flag in self.finite.items() if bool(flag)]
+        return max(finite, default=None)
 
     def restore(self, step: int, abstract_state):
         """Returns the state at step, sharded as abstract_state (shapes with shardings) says."""
@@ -108,7 +198,9 @@ class Checkpointer:
         """Waits for the background save; its failure is raised as a UserError."""
         with save_errors(self.manager.directory):
             self.manager.wait_until_finished()
+            self.write_checksums()
         self.manager.close()
+        self.hasher.shutdown()
 
 
 class IncompatibleCheckpoint(UserError):
@@ -116,13 +208,12 @@ class IncompatibleCheckpoint(UserError):
     config fields that explain it, where the run's config.json has them)."""
 
 
-class CorruptCheckpoint(Exception):
-    """A checkpoint whose files cannot be read (as opposed to one of another model: a UserError)."""
+class CorruptCheckpoint(UserError):
+    """A checkpoint whose files cannot be read or do not match their checksums: one line where a
+    single step is asked for (lm eval --step); restore_latest adds how to fall back from it."""
 
-    def __init__(self, step: int, directory, cause: Exception):
-        reason = " ".join(str(cause).split())[:200]
-        super().__init__(f"the checkpoint at step {step} in {directory} cannot be read ({type(cause).__name__}: "
-                         f"{reason})")
+    def __init__(self, step: int, directory, reason: str):
+        super().__init__(f"the checkpoint at step {step} in {directory} {reason}")
 
 
 def finished_steps(directory) -> list[int]:
@@ -141,6 +232,21 @@ def os_error_in(error: BaseException) -> BaseException:
         if isinstance(candidate, OSError) or "os_error_code" in str(candidate) or "Errno" in str(candidate):
             return candidate
     return chain[-1]
+
+
+@contextlib.contextmanager
+def quiet_failed_reads():
+    """Silences most of what Orbax's reads of an unreadable checkpoint print besides raising (pages
+    of tracebacks; restore_checked says it in one line): the errors of TensorStore's callbacks into
+    a closed event loop that pass through sys.excepthook, and of read coroutines never awaited
+    (collected before it ends)."""
+    hooks = sys.excepthook, sys.unraisablehook
+    sys.excepthook = sys.unraisablehook = lambda *args: None
+    try:
+        yield
+    finally:
+        gc.collect()
+        sys.excepthook, sys.unraisablehook = hooks
 
 
 @contextlib.contextmanager

@@ -17,6 +17,7 @@ import pathlib
 import signal
 import threading
 import time
+from collections.abc import Callable
 
 import flax.linen as nn
 import jax
@@ -85,15 +86,19 @@ class StopSignal:
         return bool(flags.any())
 
 
-def count_nonfinite(unchecked: list[tuple[int, jax.Array]], policy: str, last_checkpoint: int | None) -> int:
+def count_nonfinite(unchecked: list[tuple[int, jax.Array]], policy: str,
+                    last_finite: Callable[[], int | None]) -> int:
     """How many steps the (first step, (n,) nonfinite flags of steps first .. first + n - 1) pairs flag
     with a NaN/Inf loss or gradient (the step did not update the weights); with policy 'stop', the
-    first one is a UserError instead."""
+    first one is a UserError instead, naming last_finite(): the newest checkpoint whose parameters
+    and optimizer state are all finite (an update with finite gradients may still have made them Inf)."""
     flags = jax.device_get([flag for _, flag in unchecked])
     bad = [first + i for (first, _), step_flags in zip(unchecked, flags, strict=True)
            for i in np.flatnonzero(np.ravel(step_flags) > 0)]
     if bad and policy == "stop":
-        saved = f"the checkpoint at step {last_checkpoint} is intact" if last_checkpoint else "no checkpoint yet"
+        step = last_finite()
+        saved = f"the checkpoint at step {step} is the newest whose parameters and optimizer state are finite" \
+            if step is not None else "no checkpoint with finite parameters and optimizer state yet"
         raise UserError(
             f"the loss or the gradients became NaN/Inf at step {bad[0]} (that update was not applied, "
             f"nothing was saved after it; {saved}): lower optimizer.learning_rate or raise warmup_steps, "
@@ -290,7 +295,6 @@ class Trainer:
               f"{mesh.devices.flat[0].device_kind}")
 
         step = start_step
-        last_checkpoint = start_step or None
         loop_start = time.perf_counter()
         if step < tcfg.num_steps:
             first = next(batches)
@@ -322,7 +326,7 @@ class Trainer:
             print_now = log_now or step - count == start_step
             save_now = step % tcfg.checkpoint_every == 0 or step == tcfg.num_steps or stopping
             if log_now or save_now:
-                skipped += count_nonfinite(unchecked, tcfg.on_nonfinite, last_checkpoint)
+                skipped += count_nonfinite(unchecked, tcfg.on_nonfinite, self.checkpointer.last_finite_step)
                 unchecked = []
             if print_now:
                 scalars = mean_metrics(pending)
@@ -349,7 +353,6 @@ class Trainer:
                 interval_start, interval_steps = time.perf_counter(), 0
             if save_now:
                 self.checkpointer.save(step, state)
-                last_checkpoint = step
 
         summary = {"step": step, **last_eval, "num_params": num_params, "active_params": active_params,
                    "skipped_steps": skipped}

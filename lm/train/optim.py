@@ -5,23 +5,10 @@ import jax
 import ml_collections
 import optax
 
-from lm.errors import UserError
 from lm.layers.moe import EXPERTS_NAME
+from lm.layers.options import check_declared, declared_copy
 from lm.layers.transformer import SCANNED_NAME
 from lm.train.options import DERIVED
-
-
-def check_schedule(cfg) -> None:
-    """UserError for schedule lengths that are neither a number of steps nor DERIVED."""
-    if cfg.decay_steps != DERIVED and cfg.decay_steps < 1:
-        raise UserError(f"optimizer.decay_steps={cfg.decay_steps}: give the schedule's length in steps (1 or more), "
-                        f"or {DERIVED} for train.num_steps")
-    if cfg.warmup_steps != DERIVED and cfg.warmup_steps < 0:
-        raise UserError(f"optimizer.warmup_steps={cfg.warmup_steps}: give 0 or more steps, or {DERIVED} for "
-                        "optimizer.warmup_fraction of decay_steps")
-    if cfg.warmup_steps == DERIVED and not 0 <= cfg.warmup_fraction < 1:  # (runs saved before it have none)
-        raise UserError(f"optimizer.warmup_fraction={cfg.warmup_fraction}: give a fraction of decay_steps, "
-                        "at least 0 and below 1")
 
 
 def resolve_schedule(config: ml_collections.ConfigDict, recorded: dict | None = None) -> ml_collections.ConfigDict:
@@ -29,10 +16,12 @@ def resolve_schedule(config: ml_collections.ConfigDict, recorded: dict | None = 
     DERIVED takes its value from recorded (the optimizer section of the config.json a run folder already
     holds, so that a resumed run keeps its schedule), else decay_steps = train.num_steps and warmup_steps =
     warmup_fraction of decay_steps, rounded. Explicit values stay. The trainer, its dry run and config.json
-    all use this copy; resolving it again changes nothing."""
+    all use this copy; resolving it again changes nothing. First every declared choice and range of config
+    is checked (check_declared: every run passes here before anything is written or compiled); the copy
+    keeps the declarations."""
     cfg, recorded = config.optimizer, recorded or {}
-    check_schedule(cfg)
-    resolved = config.copy_and_resolve_references()
+    check_declared(config)
+    resolved = declared_copy(config)
     if cfg.decay_steps == DERIVED:
         resolved.optimizer.decay_steps = recorded.get("decay_steps", config.train.num_steps)
     if cfg.warmup_steps == DERIVED:

@@ -4,10 +4,11 @@ with its description (lm/layers/options.py `declare`), which `lm train --print_c
 
 import ml_collections
 
-from lm.layers.options import declare, option
+from lm.layers.options import SHARE_BELOW_ONE, above, at_least, declare, option
 
 NONFINITE_POLICIES = ("stop", "skip")  # train.on_nonfinite: end the run, or skip the update and go on
 DERIVED = -1  # optimizer.warmup_steps / decay_steps: derived from the run (lm/train/optim.py resolve_schedule)
+ALL_LEFT = at_least(1, -1)  # a mesh axis: a number of devices, or -1: all that the other axes leave
 
 
 def run_options(experiment: str, **overrides) -> ml_collections.ConfigDict:
@@ -17,7 +18,8 @@ def run_options(experiment: str, **overrides) -> ml_collections.ConfigDict:
         ml_collections.ConfigDict(),
         experiment=option(experiment, "the experiment module: a built-in's name (experiments/<name>.py) or a "
                                       "dotted module path"),
-        seed=option(0, "seeds the parameters' initialisation, dropout and the data order"),
+        seed=option(0, "seeds the parameters' initialisation, dropout and the data order",
+                    bounds=at_least(0)),
         # Loaded by name into this model at step 0 (a resumed run ignores it); parameters the source lacks
         # keep their fresh initialisation, the ones this model lacks are dropped; stacked or unrolled layers
         # convert to this model's layout. See lm/train/init_from.py.
@@ -34,17 +36,24 @@ def optimizer_options(**overrides) -> ml_collections.ConfigDict:
     """AdamW with global-norm clipping; linear warmup, then cosine decay to min_learning_rate."""
     options = declare(
         ml_collections.ConfigDict(),
-        learning_rate=option(1e-3, "the peak learning rate, reached at the end of warmup"),
-        min_learning_rate=option(1e-5, "the learning rate the cosine decay ends at (decay_steps), then held"),
+        learning_rate=option(1e-3, "the peak learning rate, reached at the end of warmup",
+                             bounds=at_least(0)),
+        min_learning_rate=option(1e-5, "the learning rate the cosine decay ends at (decay_steps), then held",
+                                 bounds=at_least(0)),
         # The schedule's lengths: a resumed run keeps the lengths its config.json records;
         # lm/train/optim.py resolve_schedule fills them in, and config.json holds the resolved values.
-        warmup_steps=option(DERIVED, f"steps of linear warmup from 0; {DERIVED}: warmup_fraction of decay_steps"),
-        warmup_fraction=option(0.05, f"the warmup's share of decay_steps where warmup_steps is {DERIVED}"),
-        decay_steps=option(DERIVED, f"steps until the decay reaches min_learning_rate; {DERIVED}: train.num_steps"),
-        b1=option(0.9, "Adam's decay rate of the gradients' moving average"),
-        b2=option(0.999, "Adam's decay rate of the squared gradients' moving average"),
-        weight_decay=option(0.0, "decoupled weight decay (AdamW), on matrices only"),
-        grad_clip_norm=option(1.0, "the global norm that larger gradients are scaled down to"),
+        warmup_steps=option(DERIVED, f"steps of linear warmup from 0; {DERIVED}: warmup_fraction of decay_steps",
+                            bounds=at_least(0, DERIVED)),
+        warmup_fraction=option(0.05, f"the warmup's share of decay_steps where warmup_steps is {DERIVED}",
+                               bounds=SHARE_BELOW_ONE),
+        decay_steps=option(DERIVED, f"steps until the decay reaches min_learning_rate; {DERIVED}: train.num_steps",
+                           bounds=at_least(1, DERIVED)),
+        b1=option(0.9, "Adam's decay rate of the gradients' moving average", bounds=SHARE_BELOW_ONE),
+        b2=option(0.999, "Adam's decay rate of the squared gradients' moving average",
+                  bounds=SHARE_BELOW_ONE),
+        weight_decay=option(0.0, "decoupled weight decay (AdamW), on matrices only", bounds=at_least(0)),
+        grad_clip_norm=option(1.0, "the global norm that larger gradients are scaled down to",
+                              bounds=above(0)),
     )
     options.update(overrides)
     return options
@@ -54,26 +63,34 @@ def train_options(**overrides) -> ml_collections.ConfigDict:
     """Batch, length of the run, logging and checkpointing."""
     options = declare(
         ml_collections.ConfigDict(),
-        batch_size=option(128, "examples per step, global across all devices and hosts"),
-        num_steps=option(2000, "optimizer steps the run trains for"),
-        grad_accum_steps=option(1, "micro-batches per step (batch_size is split into them)"),
-        log_every=option(100, "steps between progress lines and metric records"),
-        checkpoint_every=option(1000, "steps between checkpoints (one is also saved at the end)"),
-        keep_checkpoints=option(2, "how many of the latest checkpoints are kept"),
+        batch_size=option(128, "examples per step, global across all devices and hosts",
+                          bounds=at_least(1)),
+        num_steps=option(2000, "optimizer steps the run trains for", bounds=at_least(1)),
+        grad_accum_steps=option(1, "micro-batches per step (batch_size is split into them)",
+                                bounds=at_least(1)),
+        log_every=option(100, "steps between progress lines and metric records", bounds=at_least(1)),
+        checkpoint_every=option(1000, "steps between checkpoints (one is also saved at the end)",
+                                  bounds=at_least(1)),
+        keep_checkpoints=option(2, "how many of the latest checkpoints are kept",
+                                  bounds=at_least(1)),
         checkpoint_dir=option("", "where checkpoints go; '' = <workdir>/checkpoints; a gs:// path or a mounted "
                                   "Google Drive folder outlives a Colab runtime or a preemptible VM"),
-        restore_fallback=option(False, "a latest checkpoint that cannot be read stops the run; True resumes from "
-                                       "the one before it (the damaged one is kept, renamed <step>.corrupt)"),
+        restore_fallback=option(False, "a latest checkpoint that cannot be read or fails its checksums stops the "
+                                       "run; True resumes from the newest one before it that verifies (damaged "
+                                       "ones kept, renamed <step>.corrupt; with none left the run stops too)"),
         on_nonfinite=option("stop", "a step with NaN/Inf loss or gradients never updates the weights; then stop: "
                                     "end the run with a message; skip: go on and count it (skipped_steps)",
                             choices=NONFINITE_POLICIES),
         prefetch=option(2, "global batches a background thread loads and places on the devices ahead of the "
-                           "step; 0 = load each in the step's turn (the batches are the same either way)"),
+                           "step; 0 = load each in the step's turn (the batches are the same either way)",
+                        bounds=at_least(0)),
         steps_per_dispatch=option(1, "train steps per dispatch from the host: k > 1 runs k steps in one program "
-                                     "where no log, eval or checkpoint falls between (same updates as 1)"),
+                                     "where no log, eval or checkpoint falls between (same updates as 1)",
+                                  bounds=at_least(1)),
         compilation_cache_dir=option("auto", "JAX's persistent compilation cache: auto = $JAX_COMPILATION_CACHE_DIR, "
                                              "else ~/.cache/lm/jax_compilation_cache; none = no cache; or a folder"),
-        peak_flops=option(0.0, "peak FLOP/s per device, for MFU; 0 = a known accelerator's data sheet, else no MFU"),
+        peak_flops=option(0.0, "peak FLOP/s per device, for MFU; 0 = a known accelerator's data sheet, else no MFU",
+                          bounds=at_least(0)),
         wandb_project=option("", "a Weights & Biases project to log to ('' = no W&B logging)"),
     )
     options.update(overrides)
@@ -84,8 +101,12 @@ def mesh_options() -> ml_collections.ConfigDict:
     """The mesh axis sizes (lm/sharding.py MESH_AXES); one device is a 1x1x1x1 mesh."""
     return declare(
         ml_collections.ConfigDict(),
-        data=option(-1, "devices the batch is split over, data parallel (-1: all that the other axes leave)"),
-        fsdp=option(1, "devices the parameters and optimizer state are sharded over, and the batch (FSDP)"),
-        expert=option(1, "devices the experts of mixture-of-experts layers are split over, and the batch"),
-        tensor=option(1, "devices the heads, MLP and vocabulary dimensions are split over (tensor parallel)"),
+        data=option(-1, "devices the batch is split over, data parallel (-1: all that the other axes leave)",
+                    bounds=ALL_LEFT),
+        fsdp=option(1, "devices the parameters and optimizer state are sharded over, and the batch (FSDP)",
+                    bounds=ALL_LEFT),
+        expert=option(1, "devices the experts of mixture-of-experts layers are split over, and the batch",
+                      bounds=ALL_LEFT),
+        tensor=option(1, "devices the heads, MLP and vocabulary dimensions are split over (tensor parallel)",
+                      bounds=ALL_LEFT),
     )

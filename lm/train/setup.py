@@ -28,7 +28,6 @@ from lm.runs import CHECKPOINTS_DIR
 from lm.train.checkpoint import Checkpointer
 from lm.train.experiment import Experiment
 from lm.train.optim import learning_rate_schedule, make_optimizer, resolve_schedule, schedule_warning
-from lm.train.options import NONFINITE_POLICIES
 from lm.train.state import TrainState
 from lm.train.step import make_multi_step, make_train_step
 
@@ -219,14 +218,9 @@ def build(config: ml_collections.ConfigDict, make_experiment: MakeExperiment,
     (the build of the module config.experiment names: the `lm` command resolves it), after checking that
     the mesh fits the devices and divides the batch; turns on (and names) the compilation cache of
     train.compilation_cache_dir, before anything is compiled. Its config is config with the schedule's
-    lengths resolved (resolve_schedule); a schedule that does not end with the run is printed (one line)."""
-    config = resolve_schedule(config)
-    if config.train.on_nonfinite not in NONFINITE_POLICIES:
-        raise UserError(f"train.on_nonfinite={config.train.on_nonfinite!r}: use 'stop' or 'skip'")
-    if config.train.prefetch < 0:
-        raise UserError(f"train.prefetch={config.train.prefetch}: use 0 (off) or more batches")
-    if config.train.steps_per_dispatch < 1:
-        raise UserError(f"train.steps_per_dispatch={config.train.steps_per_dispatch}: use 1 or more steps")
+    lengths resolved (resolve_schedule, which first checks the config's declared choices and ranges); a
+    schedule that does not end with the run is printed (one line)."""
+    config = resolve_schedule(config)  # first checks every declared choice and range (check_declared)
     cache = use_compilation_cache(config.train.compilation_cache_dir)
     print(f"compilation cache: {cache or 'off'}")
     if warning := schedule_warning(config.optimizer, config.train.num_steps):
