@@ -218,7 +218,7 @@ def saved_tokenizer(init_from: str) -> WordPieceTokenizer | None:
     place = pathlib.Path(init_from).expanduser()
     for folder in (place, *list(place.parents)[:2]):
         if (folder / TOKENIZER_DIR / TOKENIZER_FILE).is_file():
-            return WordPieceTokenizer.load(folder / TOKENIZER_DIR)
+            return run_cache.load_saved(folder / TOKENIZER_DIR, WordPieceTokenizer.load)
     return None
 
 
@@ -360,4 +360,4 @@ def load_splits(config: ml_collections.ConfigDict, tokenizer: WordPieceTokenizer
 
 def from_workdir(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> FineTune:
     """The experiment for predicting with a trained model: its tokenizer from the run folder, no data."""
-    return FineTune(config, WordPieceTokenizer.load(workdir / TOKENIZER_DIR))
+    return FineTune(config, run_cache.load_saved(workdir / TOKENIZER_DIR, WordPieceTokenizer.load))

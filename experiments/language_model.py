@@ -225,7 +225,7 @@ def from_workdir(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> La
     """The experiment for sampling and export: tokenizer from the workdir, no corpus needed. A run trained
     on token ids without data.tokenizer has none (sample() then says so)."""
     if config.data.dataset not in TOKEN_SOURCES:
-        return LanguageModel(config, text.CharTokenizer.load(workdir / TOKENIZER_FILE))
+        return LanguageModel(config, run_cache.load_saved(workdir / TOKENIZER_FILE, text.CharTokenizer.load))
     if not config.data.get("tokenizer"):
         return LanguageModel(config, None)
-    return LanguageModel(config, bpe.BPETokenizer.load(workdir / TOKENIZER_FILE))
+    return LanguageModel(config, run_cache.load_saved(workdir / TOKENIZER_FILE, bpe.BPETokenizer.load))

@@ -163,4 +163,4 @@ def make_pairs(config: ml_collections.ConfigDict, tokenizer: WordPieceTokenizer,
 
 def from_workdir(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> MaskedLM:
     """The experiment for using a trained model: the tokenizer from the run folder, no corpus needed."""
-    return MaskedLM(config, WordPieceTokenizer.load(workdir / TOKENIZER_DIR))
+    return MaskedLM(config, run_cache.load_saved(workdir / TOKENIZER_DIR, WordPieceTokenizer.load))

@@ -268,4 +268,5 @@ def read_pairs(data: ml_collections.ConfigDict) -> dict[str, tuple[list[str], li
 
 def from_workdir(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Translation:
     """The experiment for translating: tokenizers from the run folder, no corpus needed."""
-    return Translation(config, *translation.load_tokenizers(workdir))
+    return Translation(config, *run_cache.load_saved(workdir / translation.TOKENIZERS_DIR,
+                                                     lambda _: translation.load_tokenizers(workdir)))

@@ -20,18 +20,67 @@ DATA_CACHE_DIR = "data_cache"  # the tokenised corpus, for a resumed run (lm/dat
 Field = tuple[str, Any, Any]  # (dotted config key, its value in a saved run, its value in this config)
 
 
+# What to do about a damaged config.json: it records the config the run trained with.
+CONFIG_REMEDY = ("restore it from a copy, or delete it and run lm train on this folder again with the run's "
+                 "--config flags (it writes the file again as it resumes)")
+
+RESULTS_REMEDY = "delete it: the run's final evaluation writes it again (lm train on this folder resumes to it)"
+SUMMARY_REMEDY = ("delete it: the run writes it again when it ends (without what earlier segments of the run "
+                  "measured: compile and train times)")
+
+
+def write_json(path: pathlib.Path, value: dict) -> None:
+    """Writes value as JSON into path, whole or not at all (a temporary file renamed over it): a run killed
+    meanwhile leaves the old file."""
+    partial = path.with_name(f"{path.name}.partial")
+    partial.write_text(json.dumps(value, indent=2))
+    partial.replace(path)
+
+
+def read_json(path: pathlib.Path, remedy: str) -> dict:
+    """The JSON object in a file lm wrote into a run folder; a UserError naming the file, what is wrong
+    with it and remedy (what to do) when it cannot be read, is not JSON or holds no JSON object."""
+    try:
+        value = json.loads(path.read_bytes())
+    except (OSError, ValueError) as e:  # (UnicodeDecodeError and JSONDecodeError are ValueErrors)
+        raise UserError(f"{path} is damaged ({type(e).__name__}: {' '.join(str(e).split())[:120]}): {remedy}") from e
+    if not isinstance(value, dict):
+        raise UserError(f"{path} is damaged (it holds a JSON {type(value).__name__}, not an object): {remedy}")
+    return value
+
+
+def read_records(path: pathlib.Path) -> tuple[list[dict], int]:
+    """The records of a metrics.jsonl (none where there is no file) and how many of its lines are damaged
+    (not a JSON object with an integer step): those are skipped. A last line without its newline is one
+    a run killed while writing cut short: skipped, not counted."""
+    if not path.is_file():
+        return [], 0
+    text = path.read_bytes().decode("utf-8", errors="replace")
+    records, damaged = [], 0
+    for line in filter(str.strip, text.split("\n")[:-1]):  # (after the last newline: '' or a line cut short)
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if isinstance(record, dict) and isinstance(record.get("step"), int):
+            records.append(record)
+        else:
+            damaged += 1
+    return records, damaged
+
+
 def saved_config(location: str | pathlib.Path) -> dict | None:
     """The config.json lm train wrote for the run at location (a local path): a run folder, or the run's
     checkpoints folder or one step's folder in it (where train.checkpoint_dir left them); None where there is
-    none (a URL; checkpoints that train.checkpoint_dir put elsewhere)."""
+    none (a URL; checkpoints that train.checkpoint_dir put elsewhere). A damaged one is a UserError."""
     if "://" in str(location):
         return None
     place = pathlib.Path(location).expanduser().absolute()
     if (place / CONFIG_FILE).is_file():
-        return json.loads((place / CONFIG_FILE).read_text())
+        return read_json(place / CONFIG_FILE, CONFIG_REMEDY)
     for workdir in place.parents[:2]:
         if (workdir / CONFIG_FILE).is_file() and place.is_relative_to(workdir / CHECKPOINTS_DIR):
-            config = json.loads((workdir / CONFIG_FILE).read_text())
+            config = read_json(workdir / CONFIG_FILE, CONFIG_REMEDY)
             if not config.get("train", {}).get("checkpoint_dir"):
                 return config
     return None

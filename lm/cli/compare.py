@@ -26,13 +26,25 @@ import json
 import math
 import os
 import pathlib
+import sys
 
 import numpy as np
 from absl import app, flags
 
 from lm.cli import define_string_once, parse_flags
 from lm.errors import UserError, fail, run_user_errors
-from lm.runs import CONFIG_FILE, METRICS_FILE, RESULTS_FILE, SUMMARY_FILE, flattened
+from lm.runs import (
+    CONFIG_FILE,
+    CONFIG_REMEDY,
+    METRICS_FILE,
+    RESULTS_FILE,
+    RESULTS_REMEDY,
+    SUMMARY_FILE,
+    SUMMARY_REMEDY,
+    flattened,
+    read_json,
+    read_records,
+)
 
 SPIKE_NATS = 1.0  # the default --spike
 
@@ -62,17 +74,21 @@ def flatten(tree: dict) -> dict:
 
 
 def read_run(path: pathlib.Path) -> Run:
-    records = [json.loads(line) for line in (path / METRICS_FILE).read_text().splitlines() if line.strip()]
+    """The run in folder path; its damaged metrics lines are skipped, with a warning that counts them, and a
+    damaged config.json, summary.json or results.json is a UserError naming it."""
+    records, damaged = read_records(path / METRICS_FILE)
+    if damaged:
+        print(f"warning: {path / METRICS_FILE}: skipped {damaged} damaged line{'s' * (damaged > 1)}", file=sys.stderr)
     records.sort(key=lambda r: r["step"])
     summary_path, results_path = path / SUMMARY_FILE, path / RESULTS_FILE
-    results = json.loads(results_path.read_text()) if results_path.is_file() else {}
+    results = read_json(results_path, RESULTS_REMEDY) if results_path.is_file() else {}
     return Run(
         path=path,
-        config=flatten(json.loads((path / CONFIG_FILE).read_text())),
+        config=flatten(read_json(path / CONFIG_FILE, CONFIG_REMEDY)),
         records=records,
         train=[r for r in records if "loss" in r],
         eval=[r for r in records if "eval_loss" in r],
-        summary=json.loads(summary_path.read_text()) if summary_path.is_file() else {},
+        summary=read_json(summary_path, SUMMARY_REMEDY) if summary_path.is_file() else {},
         results={k: v for k, v in results.items() if k != "step"},
     )
 

@@ -7,7 +7,6 @@ from_workdir(config, workdir) (lm/train/experiment.py); the commands hand its bu
 """
 
 import importlib
-import json
 import pathlib
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -15,7 +14,7 @@ from typing import TYPE_CHECKING
 import ml_collections
 
 from lm.errors import UserError
-from lm.runs import CONFIG_FILE
+from lm.runs import CONFIG_FILE, CONFIG_REMEDY, read_json
 
 if TYPE_CHECKING:  # (the commands import this module before jax, so that --help is quick)
     from lm.train.experiment import Experiment
@@ -75,4 +74,4 @@ def load_config(workdir: pathlib.Path) -> ml_collections.ConfigDict:
     config_path = workdir / CONFIG_FILE
     if not config_path.is_file():
         raise UserError(f"{config_path} not found: --workdir must be a folder written by lm train")
-    return ml_collections.ConfigDict(json.loads(config_path.read_text()))
+    return ml_collections.ConfigDict(read_json(config_path, CONFIG_REMEDY))

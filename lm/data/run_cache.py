@@ -17,6 +17,7 @@ import json
 import os
 import pathlib
 import pickle
+import sys
 import tempfile
 from collections.abc import Callable
 from typing import TypeVar
@@ -24,7 +25,8 @@ from typing import TypeVar
 import ml_collections
 
 from lm.distributed import is_primary
-from lm.runs import CONFIG_FILE, DATA_CACHE_DIR
+from lm.errors import UserError
+from lm.runs import CONFIG_FILE, CONFIG_REMEDY, DATA_CACHE_DIR, read_json
 
 T = TypeVar("T")
 
@@ -35,7 +37,7 @@ def same_data(workdir: pathlib.Path | None, config: ml_collections.ConfigDict) -
     path = pathlib.Path(workdir) / CONFIG_FILE if workdir else None
     if path is None or not path.is_file():
         return False
-    saved = json.loads(path.read_text())
+    saved = read_json(path, CONFIG_REMEDY)
     return (saved.get("experiment") == config.experiment
             and saved.get("data") == json.loads(config.data.to_json_best_effort()))
 
@@ -43,12 +45,25 @@ def same_data(workdir: pathlib.Path | None, config: ml_collections.ConfigDict) -
 def saved_or_fitted(workdir: pathlib.Path | None, config: ml_collections.ConfigDict, saved: str,
                     load: Callable[[pathlib.Path], T], fit: Callable[[], T]) -> T:
     """load(workdir / saved), the tokenizer an earlier run of workdir saved there, if that run had
-    config's data options (same_data); else fit()."""
+    config's data options (same_data); else fit(). A saved one that cannot be loaded is a UserError
+    (load_saved): the run's checkpoints were trained with it."""
     path = pathlib.Path(workdir) / saved if workdir else None
     if path is not None and path.exists() and same_data(workdir, config):
         print(f"tokenizer: {path}, saved by the earlier run of this workdir (the same data options)")
-        return load(path)
+        return load_saved(path, load, "restore it from a copy, or delete it to fit the tokenizer again from "
+                                      "the data (the same data options give the same one)")
     return fit()
+
+
+def load_saved(path: pathlib.Path, load: Callable[[pathlib.Path], T],
+               remedy: str = "restore it from a copy (lm train saved it there)") -> T:
+    """load(path) of a file or folder lm train saved into a run folder (a tokenizer); a UserError naming
+    it, why it cannot be loaded and remedy (what to do) when it is damaged or missing."""
+    try:
+        return load(path)
+    except Exception as e:  # noqa: BLE001 (each tokenizer library raises its own kinds for a damaged file)
+        reason = " ".join(str(e).split())[:120]
+        raise UserError(f"{path} is damaged or missing ({type(e).__name__}: {reason}): {remedy}") from e
 
 
 def digest(*parts) -> str:
@@ -86,9 +101,13 @@ class DataCache:
         """The cached value of name under key, else make() (kept for save)."""
         path = self.folder / f"{name}-{key}.pkl" if self.folder else None
         if path is not None and path.is_file():
-            print(f"{name}: {path}, cached by an earlier run of this workdir")
-            with path.open("rb") as f:
-                return pickle.load(f)
+            try:
+                with path.open("rb") as f:
+                    value = pickle.load(f)
+                print(f"{name}: {path}, cached by an earlier run of this workdir")
+                return value
+            except Exception as e:  # noqa: BLE001 (a damaged pickle raises many kinds)
+                print(f"warning: {path} is damaged ({type(e).__name__}); making {name} again", file=sys.stderr)
         value = make()
         self.made[name] = (key, value)
         return value

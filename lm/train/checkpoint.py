@@ -9,7 +9,8 @@ Each checkpoint of a single-process run also records a CRC-32 of every array (ch
 step's folder, written once Orbax has finished the step; computed by a thread on the host copy taken
 when the save starts), and a restore compares them: a damaged file that still decodes is caught too.
 A checkpoint without the file (saved before checksums were added, or by several processes, each of
-which holds only its shards) is restored unverified.
+which holds only its shards) is restored unverified. The same thread notes whether the saved state
+is all finite, so that a NaN stop names the newest checkpoint worth resuming from.
 """
 
 import concurrent.futures
@@ -20,7 +21,6 @@ import sys
 import zlib
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
@@ -38,17 +38,26 @@ def path_name(path) -> str:
 CHECKSUMS_FILE = "checksums.json"
 
 
-def array_checksums(host_state) -> dict[str, str]:
-    """Array path name -> CRC-32 (8 hex digits) of its bytes, for a tree of host (numpy) arrays."""
-    return {path_name(path): f"{zlib.crc32(np.ascontiguousarray(leaf).reshape(-1).view(np.uint8)):08x}"
-            for path, leaf in jax.tree_util.tree_leaves_with_path(host_state)}
+def host_copy(state) -> dict[str, list[np.ndarray]]:
+    """Array path name -> this process's copy of it on the host: [the whole array] in a single-process
+    run; with several processes, the shards this process holds (one replica of each)."""
+    if jax.process_count() == 1:
+        return {path_name(path): [np.asarray(leaf)]
+                for path, leaf in jax.tree_util.tree_leaves_with_path(jax.device_get(state))}
+    return {path_name(path): [np.asarray(shard.data) for shard in leaf.addressable_shards if shard.replica_id == 0]
+            for path, leaf in jax.tree_util.tree_leaves_with_path(state)}
 
 
-@jax.jit
-def all_finite(state) -> jax.Array:
-    """Whether every value of every array of state (parameters, optimizer state) is finite (no NaN/Inf):
-    one boolean scalar, computed on the devices."""
-    return jnp.all(jnp.stack([jnp.isfinite(leaf).all() for leaf in jax.tree.leaves(state)]))
+def checksums(copy: dict[str, list[np.ndarray]]) -> dict[str, str]:
+    """Array path name -> CRC-32 (8 hex digits) of its bytes, for a single-process host_copy."""
+    return {name: f"{zlib.crc32(np.ascontiguousarray(whole).reshape(-1).view(np.uint8)):08x}"
+            for name, (whole,) in copy.items()}
+
+
+def all_finite(copy: dict[str, list[np.ndarray]]) -> bool:
+    """Whether every value of a host_copy is finite (no NaN/Inf; integer arrays always are)."""
+    return all(np.isfinite(piece).all() for pieces in copy.values() for piece in pieces
+               if np.issubdtype(piece.dtype, np.inexact))
 
 
 class Checkpointer:
@@ -71,7 +80,7 @@ class Checkpointer:
         )
         self.hasher = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="checksums")
         self.pending: tuple[int, concurrent.futures.Future] | None = None  # (step, its checksums) being saved
-        self.finite: dict[int, jax.Array] = {}  # step saved or restored here -> all_finite(its state)
+        self.finite: dict[int, concurrent.futures.Future | bool] = {}  # step saved or restored here -> all_finite
 
     def check_compatible(self, abstract_state, step: int) -> None:
         """Raises IncompatibleCheckpoint when the checkpoint at step holds arrays of other shapes than this
@@ -106,14 +115,15 @@ class Checkpointer:
         except Exception as e:  # noqa: BLE001 (Orbax and TensorStore raise many kinds for unreadable files)
             reason = f"cannot be read ({type(e).__name__}: {' '.join(str(e).split())[:200]})"
             raise CorruptCheckpoint(step, self.manager.directory, reason) from e
-        self.verify(step, state)
-        self.finite[step] = all_finite(state)
+        copy = host_copy(state)
+        self.verify(step, copy)
+        self.finite[step] = all_finite(copy)
         return state
 
-    def verify(self, step: int, state) -> None:
-        """Raises CorruptCheckpoint naming the first array of the restored state whose CRC-32 differs
-        from the one recorded at save time; nothing to compare without checksums.json or with several
-        processes (each holds only its shards)."""
+    def verify(self, step: int, copy: dict[str, list[np.ndarray]]) -> None:
+        """Raises CorruptCheckpoint naming the first array of the restored state (its host_copy) whose
+        CRC-32 differs from the one recorded at save time; nothing to compare without checksums.json
+        or with several processes (each holds only its shards)."""
         file = self.manager.directory / str(step) / CHECKSUMS_FILE
         if jax.process_count() > 1 or not file.exists():
             return
@@ -121,7 +131,7 @@ class Checkpointer:
             recorded = json.loads(file.read_text())
         except (OSError, ValueError) as e:
             raise CorruptCheckpoint(step, self.manager.directory, f"has a damaged {CHECKSUMS_FILE} ({e})") from e
-        for name, checksum in array_checksums(jax.device_get(state)).items():
+        for name, checksum in checksums(copy).items():
             if recorded.get(name) != checksum:
                 raise CorruptCheckpoint(step, self.manager.directory, f"is damaged: the array {name} does not "
                                         "match the checksum recorded when it was saved")
@@ -160,16 +170,17 @@ class Checkpointer:
 
     def save(self, step: int, state) -> bool:
         """Saves now (the trainer decides when), in the background; a failure of the previous
-        background save (a full disk, say) is raised here as a UserError. The arrays' checksums are
-        computed meanwhile (single-process runs) and written once the save has finished."""
+        background save (a full disk, say) is raised here as a UserError. Meanwhile a thread checks
+        that the state is finite and computes the arrays' checksums (single-process runs), written once
+        the save has finished."""
         with save_errors(self.manager.directory):
             self.manager.wait_until_finished()
             self.write_checksums()
-            self.finite[step] = all_finite(state)
-            host_state = jax.device_get(state) if jax.process_count() == 1 else None
+            copy = host_copy(state)
             saved = self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)), force=True)
-            if host_state is not None:
-                self.pending = step, self.hasher.submit(array_checksums, host_state)
+            self.finite[step] = self.hasher.submit(all_finite, copy)
+            if jax.process_count() == 1:
+                self.pending = step, self.hasher.submit(checksums, copy)
             return saved
 
     def write_checksums(self) -> None:
@@ -177,17 +188,20 @@ class Checkpointer:
         atomically (a temporary file renamed)."""
         if self.pending is None:
             return
-        (step, checksums), self.pending = self.pending, None
+        (step, computed), self.pending = self.pending, None
         folder = self.manager.directory / str(step)
         temporary = folder / f"{CHECKSUMS_FILE}.tmp"
-        temporary.write_text(json.dumps(checksums.result(), indent=0))
+        temporary.write_text(json.dumps(computed.result(), indent=0))
         temporary.rename(folder / CHECKSUMS_FILE)
 
     def last_finite_step(self) -> int | None:
         """The newest step saved or restored by this checkpointer whose state (parameters, optimizer
-        state) is all finite."""
-        finite = [step for step, flag in self.finite.items() if bool(flag)]
-        return max(finite, default=None)
+        state) is all finite, in every process (a collective: every process calls it)."""
+        steps = sorted(self.finite)
+        flags = np.array([flag if isinstance(flag, bool) else flag.result() for flag in map(self.finite.get, steps)])
+        if jax.process_count() > 1:
+            flags = multihost_utils.process_allgather(flags).all(axis=0)
+        return max((step for step, flag in zip(steps, flags, strict=True) if flag), default=None)
 
     def restore(self, step: int, abstract_state):
         """Returns the state at step, sharded as abstract_state (shapes with shardings) says."""

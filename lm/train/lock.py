@@ -56,7 +56,11 @@ def workdir_lock(workdir: pathlib.Path, process_index: int) -> Iterator[None]:
 def take_lock(path: pathlib.Path, workdir: pathlib.Path) -> int:
     """An open descriptor of path, exclusively flock'ed; UserError when another process holds it."""
     while True:
-        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by exec'd children
+        try:
+            descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by exec'd children
+        except OSError as e:  # a damaged lock: a folder, a dangling link, ... (an unwritable workdir is checked first)
+            raise UserError(f"{path}, the lock of {workdir}, cannot be opened ({e.strerror}): remove it (with "
+                            "rm -r) once no lm train runs there") from None
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -148,10 +148,10 @@ def finished_run_step(config: ml_collections.ConfigDict, workdir: pathlib.Path) 
     config_path, results_path = workdir / CONFIG_FILE, workdir / RESULTS_FILE
     if not (config_path.is_file() and results_path.is_file()):
         return None
-    if json.loads(config_path.read_text()) != json.loads(config.to_json_best_effort()):
+    if runs.read_json(config_path, runs.CONFIG_REMEDY) != json.loads(config.to_json_best_effort()):
         return None
-    step = json.loads(results_path.read_text()).get("step", -1)
-    return step if step >= config.train.num_steps else None
+    step = runs.read_json(results_path, runs.RESULTS_REMEDY).get("step", -1)
+    return step if isinstance(step, int) and step >= config.train.num_steps else None
 
 
 def nothing_to_do(step: int, num_steps: int) -> str:
@@ -190,12 +190,14 @@ def _train_locked(setup: Setup, workdir: pathlib.Path) -> dict[str, float]:
             restored = restore_own(checkpointer, state_shapes, config, workdir)
             initial_params = init_from.prepare(config.init_from, config.init_from_rename, state_shapes.params,
                                                resumed_step=restored[0] if restored else None, config=config)
+            summary_path = workdir / SUMMARY_FILE
+            previous_summary = runs.read_json(summary_path, runs.SUMMARY_REMEDY) if summary_path.is_file() else {}
         except BaseException:
             checkpointer.close()  # (its background clean-up must end before the process does)
             raise
     # Every check has passed: from here on the workdir is written to.
     if is_primary():
-        (workdir / CONFIG_FILE).write_text(config.to_json_best_effort(indent=2))
+        runs.write_json(workdir / CONFIG_FILE, json.loads(config.to_json_best_effort()))
         setup.experiment.save_assets(workdir)
 
     if restored is None:
@@ -231,11 +233,9 @@ def _train_locked(setup: Setup, workdir: pathlib.Path) -> dict[str, float]:
     finally:
         checkpointer.close()
         writer.close()
-    summary_path = workdir / SUMMARY_FILE
-    previous = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-    summary = {**previous, **summary}  # a resumed run keeps what earlier segments measured
+    summary = {**previous_summary, **summary}  # a resumed run keeps what earlier segments measured
     if is_primary():
-        summary_path.write_text(json.dumps({k: v for k, v in summary.items() if k != "stopped_by"}, indent=2))
+        runs.write_json(workdir / SUMMARY_FILE, {k: v for k, v in summary.items() if k != "stopped_by"})
     return summary
 
 
@@ -372,7 +372,7 @@ class Trainer:
             print(f"--- {name} ---\n{text}")
         results = self.evaluations.final_results(state.params, self.workdir)
         if is_primary():
-            (self.workdir / RESULTS_FILE).write_text(json.dumps({"step": step, **results}, indent=2))
+            runs.write_json(self.workdir / RESULTS_FILE, {"step": step, **results})
         if results:
             self.writer.write_scalars(step, results)
             print("results: " + " | ".join(f"{k} {v:.4g}" for k, v in results.items()))

@@ -2,11 +2,12 @@
 
 import json
 import pathlib
+import sys
 
 import jax
 import numpy as np
 
-from lm.runs import METRICS_FILE
+from lm.runs import METRICS_FILE, read_records
 
 TENSORBOARD_DIR = "tensorboard"  # in the workdir: TensorBoard's event files
 
@@ -18,20 +19,18 @@ def format_bytes(count: float) -> str:
 
 
 def truncate_log(path: pathlib.Path, last_step: int) -> None:
-    """Drops records after last_step (written after the checkpoint a run resumes from), and a last
-    line cut short by a crash."""
+    """Drops records after last_step (written after the checkpoint a run resumes from), a last line cut
+    short by a crash, and damaged lines (skipped and counted in a warning): one history, from step 0
+    to last_step, that the resumed run appends to."""
     if not path.exists():
         return
-    kept = []
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # only the final line can be partial: the log is flushed a line at a time
-        if record["step"] <= last_step:
-            kept.append(line)
+    records, damaged = read_records(path)
+    if damaged:
+        print(f"warning: {path}: skipped {damaged} damaged line{'s' * (damaged > 1)} (not a JSON record with "
+              "a step); kept the others", file=sys.stderr)
+    kept = [record for record in records if record["step"] <= last_step]
     tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(line + "\n" for line in kept))
+    tmp.write_text("".join(json.dumps(record) + "\n" for record in kept))
     tmp.replace(path)  # a crash now leaves the old log or the new one, never half of one
 
 
