@@ -9,11 +9,12 @@ import json
 import jax
 import numpy as np
 import pytest
-from test_cli import assert_user_error, exit_code_and_output, main_in_process, snapshot
+from test_cli import CONFIG, assert_user_error, exit_code_and_output, main_in_process, snapshot
 from test_faults import run_copy  # noqa: F401 (the fixture)
 
 from lm.cli import compare as compare_cli
 from lm.cli import sample as sample_cli
+from lm.cli import train as train_cli
 from lm.cli.resolve import build_experiment
 from lm.errors import run_user_errors
 from lm.runs import read_records
@@ -122,3 +123,11 @@ def test_damaged_metrics_lines_are_skipped_counted_and_the_log_keeps_one_history
     truncate_log(log, 30)  # a resume from step 30
     assert "skipped 3 damaged lines" in capsys.readouterr().err
     assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == [s for s in steps if s <= 30]
+
+
+@pytest.mark.parametrize("workdir", ["", "  "])
+def test_an_empty_workdir_flag_is_one_line_and_creates_nothing(tmp_path, monkeypatch, capsys, workdir):
+    monkeypatch.chdir(tmp_path)
+    assert_user_error(main_in_process(capsys, train_cli, CONFIG, f"--workdir={workdir}"), "pass --workdir=DIR")
+    assert_user_error(main_in_process(capsys, sample_cli, f"--workdir={workdir}"), "--workdir is empty")
+    assert list(tmp_path.iterdir()) == []

@@ -71,8 +71,11 @@ def define_string_once(name: str, help_text: str, required: bool = False) -> fla
 
 
 def define_workdir(help_text: str) -> flags.FlagHolder:
-    """The required --workdir flag of a CLI."""
-    return define_string_once("workdir", help_text, required=True)
+    """The required --workdir flag of a CLI; an empty or blank value is a flag error too."""
+    holder = define_string_once("workdir", help_text, required=True)
+    flags.register_validator(holder, lambda value: value is None or bool(value.strip()),
+                             "--workdir is empty: pass --workdir=DIR, a run folder")
+    return holder
 
 
 def parse_flags(argv: list[str]) -> list[str]:

@@ -71,7 +71,7 @@ def main(argv: list[str]) -> None:
     if _PRINT_CONFIG.value:
         print(config_listing(config))
         return
-    if not _WORKDIR.value:
+    if not (_WORKDIR.value or "").strip():
         fail("pass --workdir=DIR, the run folder (a rerun of the same command resumes from it)")
     logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO
     # Orbax writes in asyncio tasks; when a write fails (a full disk), asyncio reports the tasks it
