@@ -2,8 +2,10 @@
 commands), and how a run's saved config differs from another config (the errors of a resume or an
 init_from of another model name those fields)."""
 
+import contextlib
 import json
 import pathlib
+from collections.abc import Iterator
 from typing import Any
 
 import ml_collections
@@ -29,11 +31,25 @@ SUMMARY_REMEDY = ("delete it: the run writes it again when it ends (without what
                   "measured: compile and train times)")
 
 
+@contextlib.contextmanager
+def writing(path: pathlib.Path) -> Iterator[None]:
+    """An OSError of the block (a full disk, a read-only or removed folder) names path: a failed write
+    into an open file does not name the file (lm.train.loop.train reports it: the file, the reason, the
+    checkpoint that is intact)."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is not None or e.errno is None:
+            raise
+        raise OSError(e.errno, e.strerror, str(path)) from e
+
+
 def write_json(path: pathlib.Path, value: dict) -> None:
     """Writes value as JSON into path, whole or not at all (a temporary file renamed over it): a run killed
-    meanwhile leaves the old file."""
+    meanwhile, or a failed write, leaves the old file."""
     partial = path.with_name(f"{path.name}.partial")
-    partial.write_text(json.dumps(value, indent=2))
+    with writing(path):
+        partial.write_text(json.dumps(value, indent=2))
     partial.replace(path)
 
 

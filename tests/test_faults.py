@@ -1,22 +1,28 @@
-"""Faults and bad input beyond the config (test_cli.py has those): damaged checkpoints, a full disk
-during a save, empty or undecodable data. Each gives one line on stderr, exit code 2, and loses
-nothing."""
+"""Faults and bad input beyond the config (test_cli.py has those): damaged checkpoints, a full disk,
+a read-only filesystem or a removed workdir at each place lm train writes, empty or undecodable data.
+Each gives one line on stderr, exit code 2, and loses nothing."""
 
+import errno
+import os
 import shutil
 import subprocess
 import sys
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 from conftest import REPO, subprocess_env
+from tensorboardX.event_file_writer import EventsWriter
 from test_cli import CONFIG, assert_user_error, main_in_process, snapshot, train_in_process
 
 from lm.cli import eval as eval_cli
 from lm.cli import sample as sample_cli
 from lm.cli.resolve import build_experiment
+from lm.data.text import CharTokenizer
 from lm.errors import UserError
-from lm.train.loop import train
+from lm.train.checkpoint import finished_steps
+from lm.train.loop import Trainer, train
 from lm.train.setup import restore_params
 
 
@@ -39,6 +45,7 @@ def test_damaged_checkpoint_names_its_step_and_falls_back_only_when_asked(run_co
     sampled = main_in_process(capsys, sample_cli, f"--workdir={workdir}")
     assert_user_error(sampled, "checkpoint at step 40", "cannot be read")
 
+    config = config.copy_and_resolve_references()  # (the shared run's config stays as it is for other tests)
     config.train.update(num_steps=45, restore_fallback=True)
     summary = train(config, str(workdir), build_experiment, devices=jax.devices()[:1])
     assert summary["step"] == 45
@@ -57,12 +64,13 @@ def damage_an_array(config, workdir, step):
     or change nothing restored; tries the next byte until one is caught by the checksums."""
     data = max((workdir / "checkpoints" / str(step) / "state").rglob("d/*"), key=lambda p: p.stat().st_size)
     original = data.read_bytes()
+    experiment = build_experiment(config)
     for position in range(len(original) // 2, len(original), 97):
         content = bytearray(original)
         content[position] ^= 0xFF
         data.write_bytes(bytes(content))
         try:
-            restore_params(config, build_experiment(config), workdir, step=step)
+            restore_params(config, experiment, workdir, step=step)
         except UserError as error:
             if "does not match the checksum" in str(error):
                 return
@@ -133,19 +141,116 @@ def test_full_disk_during_a_save_keeps_the_previous_checkpoint(run_copy, capsys)
     as on a full disk (SIGXFSZ, which would kill the process, is ignored)."""
     config, _, workdir = run_copy
     env = subprocess_env(JAX_COMPILATION_CACHE_DIR=None)
+    # (no compilation cache: its entries cut at 50 KiB would warn as they are read, here and later)
     command = f"ulimit -f 50; trap '' XFSZ; exec {sys.executable} -m lm train {CONFIG} --workdir={workdir} " \
-              "--config.train.num_steps=50"
+              "--config.train.num_steps=50 --config.train.compilation_cache_dir=none"
     result = subprocess.run(["bash", "-c", command], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 2
-    # One line of ours among the tracebacks that Orbax's writer threads print (and a warning or two
-    # at exit). stderr is a pipe here: redirected to a file, the size limit would stop that file too.
-    (error,) = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert error.startswith("error: writing a checkpoint in") and "the checkpoint at step 40 is intact" in error
+    # One line: not the tracebacks that Orbax's writer threads log, nor those of TensorStore's callbacks
+    # into the closed event loop of the failed save. (stderr is a pipe here: redirected to a file, the
+    # size limit would stop that file too.)
+    assert_user_error(result, f"writing a checkpoint in {workdir / 'checkpoints'} failed (File too large)",
+                      "the checkpoint at step 40 is intact", "ulimit -f", "rerun the same command to resume")
     assert sorted(p.name for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()) == ["30", "40"]
     params = restore_params(config, build_experiment(config), workdir)  # the latest readable one: step 40
     assert all(np.isfinite(np.asarray(p)).all() for p in jax.tree.leaves(params))
     resumed = train_in_process(capsys, workdir, "--config.train.num_steps=42")
     assert resumed.returncode == 0 and "resumed from step 40" in resumed.stdout
+
+
+def test_a_failed_run_exits_while_a_checkpoint_write_hangs(run_copy):
+    """A checkpoint write that never ends (a hung filesystem) while the run fails for another reason:
+    the run waits for the write a bounded time (checkpoint.WAIT_AFTER_FAILURE_SECONDS, 1 s here), then
+    reports its own error and exits, where Python would wait for Orbax's thread for ever."""
+    _, _, workdir = run_copy
+    script = f"""if True:
+        import errno, threading
+        import orbax.checkpoint as ocp
+        from lm.cli import main
+        from lm.train import checkpoint, loop
+        checkpoint.WAIT_AFTER_FAILURE_SECONDS = 1
+        ocp.CheckpointManager._finalize = lambda *args: threading.Event().wait()  # every save hangs at its end
+        def finish(self, state, step):  # the run fails after its last save
+            raise OSError(errno.ENOSPC, "No space left on device", "{workdir}/samples.txt")
+        loop.Trainer.finish = finish
+        main(["lm", "train", "{CONFIG}", "--workdir={workdir}", "--config.train.num_steps=50"])
+    """
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=subprocess_env(), capture_output=True,
+                            text=True, timeout=60)
+    step = finished_steps(workdir / "checkpoints")[-1]
+    assert_user_error(result, f"writing {workdir}/samples.txt failed (No space left on device)",
+                      f"the checkpoint at step {step} is intact")
+
+
+def full(name):
+    """A fault: the file `name` of the workdir is on a full disk (replaced by a link to /dev/full, into
+    which every write fails with ENOSPC, as on a full disk)."""
+    def fault(patch, workdir):
+        (workdir / name).unlink(missing_ok=True)
+        (workdir / name).symlink_to("/dev/full")
+    return fault
+
+
+def raising(owner, attribute, error):
+    """A fault: owner.attribute raises error, as a write that failed."""
+    def fault(patch, workdir):
+        def fail(*args, **kwargs):
+            raise error
+        patch.setattr(owner, attribute, fail)
+    return fault
+
+
+def removed_at(step):
+    """A fault: the workdir is removed (with its checkpoints) during the step after `step`."""
+    def fault(patch, workdir):
+        evaluate = Trainer.evaluate
+
+        def evaluate_then_remove(self, at, *args):
+            if at == step:
+                shutil.rmtree(workdir)
+            return evaluate(self, at, *args)
+        patch.setattr(Trainer, "evaluate", evaluate_then_remove)
+    return fault
+
+
+ENOSPC = "No space left on device"
+
+
+# Each place lm train writes to, when the write fails: (the fault, the step of the newest checkpoint left
+# (None: removed), fragments of the message; {w} is the workdir). The run resumes from step 40 to 50.
+# (results.json is written as config.json and summary.json are: lm.runs.write_json.)
+WRITE_FAULTS = {
+    "config.json": (full("config.json.partial"), 40, [f"writing {{w}}/config.json failed ({ENOSPC})",
+                                                      "free some space on the disk of {w}"]),
+    "tokenizer (a library's error)": (raising(CharTokenizer, "save", Exception(f"{ENOSPC} (os error 28)")), 40,
+                                      [f"writing in {{w}} failed ({ENOSPC})"]),
+    "log truncated on resume": (full("metrics.tmp"), 40, [f"writing {{w}}/metrics.jsonl failed ({ENOSPC})"]),
+    "tensorboard (read-only)": (raising(EventsWriter, "flush", OSError(errno.EROFS, os.strerror(errno.EROFS))), 40,
+                                ["writing {w}/tensorboard failed (Read-only file system)", "make {w} writable"]),
+    "checkpoint": (raising(ocp.CheckpointManager, "save", OSError(errno.ENOSPC, ENOSPC)), 40,
+                   [f"writing a checkpoint in {{w}}/checkpoints failed ({ENOSPC})"]),
+    # after the last save: the error waits for it to finish and names it
+    "samples.txt": (full("samples.txt"), 50, [f"writing {{w}}/samples.txt failed ({ENOSPC})"]),
+    "summary.json": (full("summary.json.partial"), 50, [f"writing {{w}}/summary.json failed ({ENOSPC})"]),
+    "workdir removed": (removed_at(45), None, ["{w} was removed during the run: writing {w}/metrics.jsonl failed",
+                                               "no checkpoint is left in {w}/checkpoints: restore {w}"]),
+}
+
+
+@pytest.mark.parametrize("fault, step, fragments", WRITE_FAULTS.values(), ids=WRITE_FAULTS)
+def test_a_failed_write_is_one_line_naming_the_intact_checkpoint(run_copy, capsys, monkeypatch, fault, step,
+                                                                 fragments):
+    """A full disk, a read-only filesystem or a removed workdir at each place lm train writes: one line
+    (the file, the reason, the checkpoint left intact, what to do), exit code 2, the checkpoint restores."""
+    config, _, workdir = run_copy
+    with monkeypatch.context() as patch:
+        fault(patch, workdir)
+        result = train_in_process(capsys, workdir, "--config.train.num_steps=50")
+    then = f"the checkpoint at step {step} is intact" if step else "rerun the same command"
+    assert_user_error(result, *[fragment.format(w=workdir) for fragment in fragments], then)
+    if step:
+        assert finished_steps(workdir / "checkpoints")[-1] == step
+        params = restore_params(config, build_experiment(config), workdir, step=step)
+        assert all(np.isfinite(np.asarray(p)).all() for p in jax.tree.leaves(params))
 
 
 @pytest.mark.parametrize("content, fragment", [(b"", "is empty"), (b"\xff\xfe\x00bad", "is not UTF-8 text")])

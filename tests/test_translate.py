@@ -1,5 +1,6 @@
 """`lm translate`: translations and attention heat maps from a run folder alone, and its one-line errors."""
 
+import json
 import subprocess
 import sys
 
@@ -95,6 +96,8 @@ def no_data(monkeypatch):
 
 @pytest.mark.slow
 def test_cli_translates_from_the_run_folder(rnn_run, no_data, monkeypatch, capsys, tmp_path):
+    results = json.loads((rnn_run / "results.json").read_text())  # the trainer scored the test split too
+    assert results["step"] == 2 and 0 <= results["test_bleu_beam1"] <= 100
     experiment, params = load_run(rnn_run, "translate")
     calls = []  # the CLI gets this same loaded run (saves compiling each search twice)
     monkeypatch.setattr(translate_cli, "load_run", lambda *args: calls.append(args) or (experiment, params))

@@ -27,8 +27,8 @@ def get_config(name: str, variant: str = "test"):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "config_name, overrides, beam_sizes",
-    [
-        ("translate_rnn", {}, (1,)),  # de -> en, sentencepiece, greedy
+    [  # (the RNN with sentencepiece trains through the trainer in test_translate.py's rnn_run, and learns in
+        # test_tiny_model_overfits_32_pairs_and_greedy_decodes_them)
         ("translate_transformer", {"tokenizer": "word", "min_freq": 20, "source_lang": "en", "target_lang": "de"},
          (2,)),
     ],

@@ -23,7 +23,6 @@ from lm.train.metrics import truncate_log
 
 DAMAGES = {  # how a file is damaged -> its new content
     "garbage": b"\x00\xff garbage",
-    "empty": b"",
     "cut short": None,  # the first half of its bytes
     "not an object": b"[1, 2]",
 }

@@ -23,6 +23,7 @@ import logging as std_logging
 import os
 import signal
 import sys
+import threading
 
 from absl import app, flags, logging
 
@@ -74,16 +75,20 @@ def main(argv: list[str]) -> None:
     if not (_WORKDIR.value or "").strip():
         fail("pass --workdir=DIR, the run folder (a rerun of the same command resumes from it)")
     logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO
-    # Orbax writes in asyncio tasks; when a write fails (a full disk), asyncio reports the tasks it
-    # drops at exit, after the trainer's own one-line error. The error already says what happened.
+    # A checkpoint write that fails (a full disk, a read-only or removed folder) is one line of the
+    # trainer's, which says what happened and what is intact (lm.train.checkpoint.write_failed). Orbax's
+    # threads log the failure too, with pages of tracebacks, and asyncio reports the tasks it drops at exit.
+    logging.get_absl_logger().addFilter(lambda record: f"{os.sep}orbax{os.sep}" not in record.pathname)
     std_logging.getLogger("asyncio").setLevel(std_logging.CRITICAL)
     keep_freed_memory()
     run_user_errors(start_processes)
     # after flag parsing, so --help and flag errors are quick
     from lm.cli.resolve import find_experiment
+    from lm.train.checkpoint import quiet_failed_writes
     from lm.train.dry_run import dry_run
     from lm.train.loop import Stopped, train
 
+    quiet_failed_writes()  # (with the filters above)
     experiment = run_user_errors(lambda: find_experiment(config.experiment))
     if _DRY_RUN.value:
         run_user_errors(lambda: dry_run(config, experiment.build))
@@ -109,5 +114,15 @@ def start_processes() -> None:
 
 
 def run() -> None:
-    """The command: flags from sys.argv, then main."""
-    app.run(main, flags_parser=parse_train_flags)
+    """The command: flags from sys.argv, then main. A run that failed ends at once, even while a thread
+    still writes a checkpoint (one Checkpointer.close gave up waiting for: a hung filesystem), which
+    Python would wait for without end."""
+    try:
+        app.run(main, flags_parser=parse_train_flags)
+    except SystemExit as e:
+        others = [thread for thread in threading.enumerate() if thread is not threading.main_thread()]
+        if e.code and any(not thread.daemon for thread in others):
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(e.code if isinstance(e.code, int) else 1)
+        raise

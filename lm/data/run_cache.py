@@ -26,7 +26,7 @@ import ml_collections
 
 from lm.distributed import is_primary
 from lm.errors import UserError
-from lm.runs import CONFIG_FILE, CONFIG_REMEDY, DATA_CACHE_DIR, read_json
+from lm.runs import CONFIG_FILE, CONFIG_REMEDY, DATA_CACHE_DIR, read_json, writing
 
 T = TypeVar("T")
 
@@ -114,7 +114,8 @@ class DataCache:
 
     def save(self, workdir: pathlib.Path) -> None:
         """Writes what get() made into <workdir>/data_cache (process 0 only), each entry replacing its
-        name's entries of other keys; whole files or none, for a run stopped while writing."""
+        name's entries of other keys; whole files or none, for a run stopped while writing (a write that
+        fails, on a full disk say, removes its partial file and raises an OSError naming the entry)."""
         if is_primary():
             folder = pathlib.Path(workdir) / DATA_CACHE_DIR
             for name, (key, value) in self.made.items():
@@ -123,7 +124,11 @@ class DataCache:
                     stale.unlink()
                 path = folder / f"{name}-{key}.pkl"
                 partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
-                with partial.open("wb") as f:
-                    pickle.dump(value, f, protocol=pickle.HIGHEST_PROTOCOL)
+                try:
+                    with writing(path), partial.open("wb") as f:
+                        pickle.dump(value, f, protocol=pickle.HIGHEST_PROTOCOL)
+                except BaseException:
+                    partial.unlink(missing_ok=True)
+                    raise
                 partial.replace(path)
         self.made = {}

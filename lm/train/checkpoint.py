@@ -15,9 +15,14 @@ is all finite, so that a NaN stop names the newest checkpoint worth resuming fro
 
 import concurrent.futures
 import contextlib
+import errno
 import gc
 import json
+import os
+import re
 import sys
+import time
+import warnings
 import zlib
 
 import jax
@@ -60,9 +65,13 @@ def all_finite(copy: dict[str, list[np.ndarray]]) -> bool:
                if np.issubdtype(piece.dtype, np.inexact))
 
 
+WAIT_AFTER_FAILURE_SECONDS = 60  # how long a run that failed waits for a checkpoint still being written
+
+
 class Checkpointer:
     """Saves (asynchronously) and restores the train state in workdir/checkpoints. With several
-    processes, every process calls every method: Orbax writes and reads collectively."""
+    processes, every process calls every method: Orbax writes and reads collectively. A context
+    manager: closed on leaving the block (after an error in it, as __exit__ says)."""
 
     def __init__(self, directory: str, keep: int):
         """directory: an absolute local path, or a URL Orbax writes to (gs://...). Nothing is created
@@ -208,13 +217,37 @@ class Checkpointer:
         items = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state))
         return self.manager.restore(step, args=items)["state"]
 
-    def close(self) -> None:
-        """Waits for the background save; its failure is raised as a UserError."""
-        with save_errors(self.manager.directory):
-            self.manager.wait_until_finished()
-            self.write_checksums()
-        self.manager.close()
-        self.hasher.shutdown()
+    def close(self, wait_seconds: float | None = None) -> None:
+        """Waits for the background save and writes its checksums, then ends Orbax's threads; a failure of
+        the save is raised as a UserError. With wait_seconds (a run that has failed already), a save still
+        running after that long (stuck on a hung filesystem) is a UserError too, its threads left running:
+        lm train exits without waiting for them."""
+        deadline = None if wait_seconds is None else time.monotonic() + wait_seconds
+        while deadline is not None and self.manager.is_saving_in_progress():
+            if time.monotonic() > deadline:
+                self.hasher.shutdown(wait=False)
+                raise UserError(f"writing a checkpoint in {self.manager.directory} did not end within "
+                                f"{wait_seconds:g} s")
+            time.sleep(0.05)
+        try:
+            with save_errors(self.manager.directory):
+                self.manager.wait_until_finished()
+                self.write_checksums()
+        finally:
+            self.manager.close()
+            self.hasher.shutdown()
+
+    def __enter__(self) -> "Checkpointer":
+        return self
+
+    def __exit__(self, kind, error, traceback) -> None:
+        """close(); after an error in the block, the error to report (a full disk, say), a failure of
+        the save still running is dropped and the wait for it bounded (WAIT_AFTER_FAILURE_SECONDS)."""
+        if error is None:
+            self.close()
+            return
+        with contextlib.suppress(Exception):
+            self.close(WAIT_AFTER_FAILURE_SECONDS)
 
 
 class IncompatibleCheckpoint(UserError):
@@ -237,15 +270,12 @@ def finished_steps(directory) -> list[int]:
 
 
 def os_error_in(error: BaseException) -> BaseException:
-    """The exception in error's chain that carries the operating system's reason (an OSError, or
-    TensorStore's error text with an os_error_code), else the innermost one."""
+    """The exception in error's chain that carries the operating system's reason (error_number finds
+    one), else the innermost one."""
     chain = [error]
     while (following := chain[-1].__cause__ or chain[-1].__context__) is not None and following not in chain:
         chain.append(following)
-    for candidate in chain:
-        if isinstance(candidate, OSError) or "os_error_code" in str(candidate) or "Errno" in str(candidate):
-            return candidate
-    return chain[-1]
+    return next((candidate for candidate in chain if error_number(candidate) is not None), chain[-1])
 
 
 @contextlib.contextmanager
@@ -263,18 +293,72 @@ def quiet_failed_reads():
         sys.excepthook, sys.unraisablehook = hooks
 
 
+def quiet_failed_writes() -> None:
+    """From now on, drops what the writes of a failed save print besides raising (save_errors reports
+    the failure, in one line): the errors of TensorStore's callbacks into the save's event loop once it
+    is closed (RuntimeError: Event loop is closed, with its traceback, many times over, through
+    sys.unraisablehook; other errors still reach the hook), and the warnings about its write coroutines
+    never awaited (at exit)."""
+    warnings.filterwarnings("ignore", "coroutine .* was never awaited", RuntimeWarning)
+    previous = sys.unraisablehook
+
+    def hook(unraisable) -> None:
+        if not (unraisable.exc_type is RuntimeError and str(unraisable.exc_value) == "Event loop is closed"):
+            previous(unraisable)
+
+    sys.unraisablehook = hook
+
+
+def error_number(error: BaseException) -> int | None:
+    """The operating system's error number of an OSError, or in the text of another error: TensorStore's
+    (os_error_code='28'; NOT_FOUND, a file or folder removed while it wrote), a Rust library's (Hugging
+    Face tokenizers: 'os error 28'), an [Errno 28] quoted; else None."""
+    if isinstance(error, OSError) and error.errno is not None:
+        return error.errno
+    text = str(error)
+    found = re.search(r"os_error_code='?(\d+)|\(os error (\d+)\)|\[Errno (\d+)\]", text)
+    if found:
+        return int(next(filter(None, found.groups())))
+    return errno.ENOENT if text.startswith("NOT_FOUND: ") else None
+
+
+# What to do about a write into {folder} that failed with an error number.
+REMEDIES = {
+    errno.ENOSPC: "free some space on the disk of {folder}",
+    errno.EDQUOT: "free some space on the disk of {folder} (or raise your disk quota)",
+    errno.EFBIG: "free some space on the disk of {folder} (or raise the limit on file sizes: ulimit -f)",
+    errno.EROFS: "make {folder} writable again (its filesystem is read-only)",
+    errno.EACCES: "make {folder} writable again",
+    errno.EPERM: "make {folder} writable again",
+    errno.ENOENT: "restore {folder} (or let the rerun make it again)",
+}
+
+
+def write_failed(what: str, error: BaseException, folder, checkpoints) -> UserError:
+    """The one line for a write into a run's folders that failed (a full disk, a read-only or removed
+    folder): `what` failed, the operating system's reason (from error's chain), the newest complete
+    checkpoint in checkpoints (a failed save leaves it as it was: Orbax writes a temporary folder that
+    is renamed when complete), and what to do about folder (REMEDIES), then rerun to resume."""
+    cause = os_error_in(error)
+    number, text = error_number(cause), " ".join(str(cause).split())
+    if number is not None:  # (the rest of such an error's text is a library's long account of where)
+        reason = getattr(cause, "strerror", None) or os.strerror(number)
+    else:
+        reason = f"{type(cause).__name__}: {text if len(text) <= 240 else '...' + text[-240:]}"
+    remedy = REMEDIES.get(number, "fix {folder}").format(folder=folder)
+    steps = finished_steps(epath.Path(checkpoints))
+    then = (f"the checkpoint at step {steps[-1]} is intact: {remedy}, then rerun the same command to resume"
+            if steps else f"no checkpoint is left in {checkpoints}: {remedy}, then rerun the same command")
+    return UserError(f"{what} failed ({reason}); {then}")
+
+
 @contextlib.contextmanager
 def save_errors(directory):
-    """Turns a failed checkpoint write into a one-line UserError that says what is still intact."""
+    """Turns a failed checkpoint write into a one-line UserError that says what is still intact
+    (write_failed)."""
     try:
         yield
     except UserError:
         raise
     except Exception as e:  # noqa: BLE001 (the write's OSError arrives wrapped in Orbax's own errors)
-        cause = os_error_in(e)
-        reason = " ".join(str(cause).split())
-        reason = reason if len(reason) <= 240 else "..." + reason[-240:]  # the OS error comes last
-        steps = finished_steps(directory)
-        intact = f"the checkpoint at step {steps[-1]} is intact" if steps else "there is no earlier checkpoint"
-        raise UserError(f"writing a checkpoint in {directory} failed ({type(cause).__name__}: {reason}); {intact}: "
-                        "free some space (or fix the folder) and rerun the same command to resume") from e
+        raise write_failed(f"writing a checkpoint in {directory}", e, directory, directory) from e

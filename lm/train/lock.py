@@ -22,7 +22,7 @@ import os
 import pathlib
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from lm.errors import UserError
 
@@ -38,18 +38,22 @@ def holder_description() -> str:
 
 
 @contextlib.contextmanager
-def workdir_lock(workdir: pathlib.Path, process_index: int) -> Iterator[None]:
+def workdir_lock(workdir: pathlib.Path, process_index: int) -> Iterator[Callable[[], bool]]:
     """Holds the workdir's lock for process_index for the duration of the block; raises UserError
-    at once (nothing else written) when another process holds it. On leaving, the lock file is
-    removed (one a killed holder left behind stays, unlocked, and is taken over)."""
+    at once (nothing else written) when another process holds it. The block gets a function that says
+    whether the lock file is still in place (not when the workdir was removed, or replaced, meanwhile).
+    On leaving, the lock file is removed (one a killed holder left behind stays, unlocked, and is taken
+    over; so does one on a filesystem that has become read-only)."""
     path = lock_path(workdir, process_index)
     descriptor = take_lock(path, workdir)
     try:
-        os.ftruncate(descriptor, 0)
-        os.pwrite(descriptor, holder_description().encode() + b"\n", 0)
-        yield
+        with contextlib.suppress(OSError):  # (a full disk: the run's next write says so; the file stays empty)
+            os.ftruncate(descriptor, 0)
+            os.pwrite(descriptor, holder_description().encode() + b"\n", 0)
+        yield lambda: still_named(path, descriptor)
     finally:
-        path.unlink(missing_ok=True)  # before the lock goes: a process that then opens the path makes a new file
+        with contextlib.suppress(OSError):  # before the lock goes: a process that then opens the path makes a new file
+            path.unlink(missing_ok=True)
         os.close(descriptor)  # releases the lock
 
 

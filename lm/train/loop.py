@@ -17,7 +17,7 @@ import pathlib
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import flax.linen as nn
 import jax
@@ -32,7 +32,7 @@ from lm.layers.moe import parameter_counts
 from lm.progress import format_duration
 from lm.runs import CONFIG_FILE, METRICS_FILE, RESULTS_FILE, SUMMARY_FILE
 from lm.train import init_from
-from lm.train.checkpoint import Checkpointer, IncompatibleCheckpoint
+from lm.train.checkpoint import Checkpointer, IncompatibleCheckpoint, error_number, os_error_in, write_failed
 from lm.train.compiled import CompiledPerShape, compile_in_parallel
 from lm.train.evaluate import Evaluations
 from lm.train.flops import peak_flops_per_device
@@ -124,9 +124,11 @@ def train(
     the last evaluators' metrics (prefixed with their names: eval_loss, ...) and run facts. Raises Stopped
     when SIGTERM or SIGINT ended it early (after saving a checkpoint). A second run on the same workdir
     stops at once (lm.train.lock). The schedule's lengths left to the run (lm.train.optim.resolve_schedule)
-    are the ones the workdir's config.json records, when it has one: a resumed run keeps its schedule."""
+    are the ones the workdir's config.json records, when it has one: a resumed run keeps its schedule. A
+    write that fails (a full disk, a read-only or removed folder) is a one-line UserError that names the
+    checkpoint left intact (write_errors)."""
     # The lock first: a second run stops before it reads any data. A run that a check stops leaves no folder.
-    with prepared_directory(workdir) as workdir_path, workdir_lock(workdir_path, jax.process_index()):
+    with prepared_directory(workdir) as workdir_path, workdir_lock(workdir_path, jax.process_index()) as locked:
         saved = runs.saved_config(workdir_path)  # a resumed run keeps the schedule its config.json records
         config = resolve_schedule(config, saved["optimizer"] if saved else None)
         finished_step = finished_run_step(config, workdir_path)
@@ -134,12 +136,33 @@ def train(
             print(nothing_to_do(finished_step, config.train.num_steps))
             return {"step": finished_step}
         setup = build(config, make_experiment, devices, workdir_path)
-        with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
+        with (jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules),
+              write_errors(workdir_path, checkpoint_directory(config, workdir_path), locked)):
             summary = _train_locked(setup, workdir_path)
     stopped_by = summary.pop("stopped_by", None)
     if stopped_by:
         raise Stopped(stopped_by, summary["step"])
     return summary
+
+
+@contextlib.contextmanager
+def write_errors(workdir: pathlib.Path, checkpoints: str, locked: Callable[[], bool]) -> Iterator[None]:
+    """Turns an error of the block that the operating system caused (a write into the run's folders that
+    failed: a full disk, a read-only or removed folder) into a one-line UserError that names the file, the
+    checkpoint that is intact and what to do (lm.train.checkpoint.write_failed). The workdir was removed
+    (or replaced) during the run when its lock file is gone (locked() is False)."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001 (not every library's failed write is an OSError: tokenizers' is not)
+        cause = os_error_in(e)
+        if error_number(cause) is None:
+            raise
+        file = getattr(cause, "filename", None)
+        what = f"writing {file}" if file else f"writing in {workdir}"
+        raise write_failed(what if locked() else f"{workdir} was removed during the run: {what}", e, workdir,
+                           checkpoints) from e
 
 
 def finished_run_step(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> int | None:
@@ -196,42 +219,44 @@ def _train_locked(setup: Setup, workdir: pathlib.Path) -> dict[str, float]:
             checkpointer.close()  # (its background clean-up must end before the process does)
             raise
     # Every check has passed: from here on the workdir is written to.
-    if is_primary():
-        runs.write_json(workdir / CONFIG_FILE, json.loads(config.to_json_best_effort()))
-        setup.experiment.save_assets(workdir)
-
-    if restored is None:
-        state = setup.init_state(state_shardings)
-        if initial_params:
-            state = state.replace(params=initial_params.load(state.params, state_shardings.params, setup.mesh))
-        start_step = 0
-        if is_primary():  # what an attempt killed before its first checkpoint logged: one history, not two
-            drop_logs(workdir)
-    else:
-        start_step, state = restored
+    with checkpointer:
         if is_primary():
-            truncate_log(workdir / METRICS_FILE, start_step)
-        print(f"resumed from step {start_step} in {workdir}")
-    train_iter = iter(setup.train_data(start_step))
-    if start_step >= tcfg.num_steps and (workdir / RESULTS_FILE).is_file():
-        checkpointer.close()
-        print(nothing_to_do(start_step, tcfg.num_steps))
-        return {"step": start_step}
+            runs.write_json(workdir / CONFIG_FILE, json.loads(config.to_json_best_effort()))
+            setup.experiment.save_assets(workdir)
 
-    writer = MetricWriter(workdir, tcfg.wandb_project, config.to_dict())
-    try:
-        # Global batches on the devices, loaded tcfg.prefetch ahead by a thread (0: in the loop);
-        # the thread waits for each copy to finish, so a queued batch is ready for the step.
-        batches = DevicePrefetcher(
-            train_iter,
-            lambda b: jax.block_until_ready(sharding.assemble_batch(b, setup.mesh, tcfg.batch_size)),
-            tcfg.prefetch,
-        )
-        with StopSignal(tcfg.log_every) as stop, batches:
-            trainer = Trainer(setup, state_shardings, checkpointer, writer, workdir)
-            summary = trainer.run(state, batches, start_step, stop)
-    finally:
-        checkpointer.close()
+        if restored is None:
+            state = setup.init_state(state_shardings)
+            if initial_params:
+                state = state.replace(params=initial_params.load(state.params, state_shardings.params, setup.mesh))
+            start_step = 0
+            if is_primary():  # what an attempt killed before its first checkpoint logged: one history, not two
+                drop_logs(workdir)
+        else:
+            start_step, state = restored
+            if is_primary():
+                truncate_log(workdir / METRICS_FILE, start_step)
+            print(f"resumed from step {start_step} in {workdir}")
+        train_iter = iter(setup.train_data(start_step))
+        if start_step >= tcfg.num_steps and (workdir / RESULTS_FILE).is_file():
+            print(nothing_to_do(start_step, tcfg.num_steps))
+            return {"step": start_step}
+
+        writer = MetricWriter(workdir, tcfg.wandb_project, config.to_dict())
+        try:
+            # Global batches on the devices, loaded tcfg.prefetch ahead by a thread (0: in the loop);
+            # the thread waits for each copy to finish, so a queued batch is ready for the step.
+            batches = DevicePrefetcher(
+                train_iter,
+                lambda b: jax.block_until_ready(sharding.assemble_batch(b, setup.mesh, tcfg.batch_size)),
+                tcfg.prefetch,
+            )
+            with StopSignal(tcfg.log_every) as stop, batches:
+                trainer = Trainer(setup, state_shardings, checkpointer, writer, workdir)
+                summary = trainer.run(state, batches, start_step, stop)
+        except BaseException:
+            with contextlib.suppress(OSError):  # the error in the block is the one to report
+                writer.close()
+            raise
         writer.close()
     summary = {**previous_summary, **summary}  # a resumed run keeps what earlier segments measured
     if is_primary():

@@ -1,13 +1,19 @@
 """Metric writers: a JSONL log, TensorBoard event files and, when asked, Weights & Biases."""
 
+import errno
 import json
+import os
 import pathlib
 import sys
+import time
 
 import jax
 import numpy as np
+from tensorboardX.event_file_writer import EventsWriter
+from tensorboardX.proto.event_pb2 import Event
+from tensorboardX.summary import scalar, text
 
-from lm.runs import METRICS_FILE, read_records
+from lm.runs import METRICS_FILE, read_records, writing
 
 TENSORBOARD_DIR = "tensorboard"  # in the workdir: TensorBoard's event files
 
@@ -30,7 +36,8 @@ def truncate_log(path: pathlib.Path, last_step: int) -> None:
               "a step); kept the others", file=sys.stderr)
     kept = [record for record in records if record["step"] <= last_step]
     tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(record) + "\n" for record in kept))
+    with writing(path):
+        tmp.write_text("".join(json.dumps(record) + "\n" for record in kept))
     tmp.replace(path)  # a crash now leaves the old log or the new one, never half of one
 
 
@@ -58,7 +65,11 @@ def mean_metrics(metrics_list: list[dict], weights: list | None = None) -> dict[
 
 
 class MetricWriter:
-    """Writes scalars and texts from process 0 only; other processes' writes are dropped."""
+    """Writes scalars and texts from process 0 only; other processes' writes are dropped. Each write is
+    made and flushed by the calling thread, so that one that fails (a full disk) raises there, naming
+    its file (lm.runs.writing): tensorboardX's SummaryWriter writes from a thread that such an error
+    ends, after which its bounded queue blocks the run for good. A metrics.jsonl removed meanwhile (with
+    its workdir) is an error too: the records would go into a file that no one can read."""
 
     def __init__(self, workdir: pathlib.Path, wandb_project: str = "", config: dict | None = None):
         self.enabled = jax.process_index() == 0
@@ -67,10 +78,12 @@ class MetricWriter:
         self._wandb = None
         if not self.enabled:
             return
-        from tensorboardX import SummaryWriter
-
-        self._jsonl = (workdir / METRICS_FILE).open("a")
-        self._tensorboard = SummaryWriter(str(workdir / TENSORBOARD_DIR))
+        self._jsonl_path, self._tensorboard_dir = workdir / METRICS_FILE, workdir / TENSORBOARD_DIR
+        with writing(self._jsonl_path):
+            self._jsonl = self._jsonl_path.open("a")
+        with writing(self._tensorboard_dir):
+            self._tensorboard_dir.mkdir(exist_ok=True)
+            self._tensorboard = EventsWriter(str(self._tensorboard_dir / "events"))  # events.out.tfevents.*
         if wandb_project:
             import wandb
 
@@ -80,27 +93,39 @@ class MetricWriter:
         if not self.enabled:
             return
         scalars = {k: float(v) for k, v in scalars.items()}
-        self._jsonl.write(json.dumps({"step": step, **scalars}) + "\n")
-        self._jsonl.flush()
-        for name, value in scalars.items():
-            self._tensorboard.add_scalar(name, value, step)
+        with writing(self._jsonl_path):
+            self._jsonl.write(json.dumps({"step": step, **scalars}) + "\n")
+            self._jsonl.flush()
+            if os.fstat(self._jsonl.fileno()).st_nlink == 0:
+                raise FileNotFoundError(errno.ENOENT, "removed while the run was writing it", str(self._jsonl_path))
+        self._write_events(step, [scalar(name, value) for name, value in scalars.items()])
         if self._wandb is not None:
             self._wandb.log(scalars, step=step)
 
     def write_texts(self, step: int, texts: dict[str, str]) -> None:
         if not self.enabled:
             return
-        with (self.workdir / "samples.txt").open("a") as f:
-            for name, text in texts.items():
-                f.write(f"--- step {step} {name} ---\n{text}\n")
-                self._tensorboard.add_text(name, text, step)
+        path = self.workdir / "samples.txt"
+        with writing(path), path.open("a") as f:
+            for name, sample in texts.items():
+                f.write(f"--- step {step} {name} ---\n{sample}\n")
+        self._write_events(step, [text(name, sample) for name, sample in texts.items()])
         if self._wandb is not None:
             self._wandb.log(texts, step=step)
+
+    def _write_events(self, step: int, summaries: list) -> None:
+        """TensorBoard events of step, one a summary (tensorboardX.summary's protos), written and flushed."""
+        with writing(self._tensorboard_dir):
+            for summary in summaries:
+                self._tensorboard.write_event(Event(summary=summary, step=step, wall_time=time.time()))
+            self._tensorboard.flush()
 
     def close(self) -> None:
         if not self.enabled:
             return
-        self._jsonl.close()
-        self._tensorboard.close()
+        with writing(self._jsonl_path):
+            self._jsonl.close()
+        with writing(self._tensorboard_dir):
+            self._tensorboard.close()
         if self._wandb is not None:
             self._wandb.finish()
