@@ -13,7 +13,7 @@ import numpy as np
 from lm.data import bpe, run_cache, text, tokens
 from lm.decode.generate import generate
 from lm.errors import UserError
-from lm.losses import moe_objective
+from lm.losses import masked_mean, moe_objective
 from lm.models.config import transformer_config
 from lm.models.gpt import GPT, GPTConfig, flops_per_token
 from lm.train.experiment import Experiment
@@ -62,12 +62,15 @@ class LanguageModel(Experiment):
         return self.model.init({"params": rng}, tokens)
 
     def loss(self, params, batch, rng, train: bool):
-        """Cross-entropy plus the weighted mixture-of-experts auxiliary losses (zero when dense)."""
+        """Cross-entropy plus the weighted mixture-of-experts auxiliary losses (zero when dense). A batch of
+        packed documents (lm/data/packing.py examples) also holds segment_ids and positions, for the model,
+        and weights (B, T): the cross-entropy is then their weighted mean (no loss across a boundary)."""
+        packed = {key: batch[key] for key in ("segment_ids", "positions") if key in batch}
         token_losses, collections = self.model.apply(
             {"params": params}, batch["inputs"], train=train, targets=batch["targets"], rngs={"dropout": rng},
-            mutable=["moe"],
+            mutable=["moe"], **packed,
         )  # (B, T), in chunks of model.loss_chunk positions
-        cross_entropy = token_losses.mean()
+        cross_entropy = masked_mean(token_losses, batch["weights"]) if "weights" in batch else token_losses.mean()
         moe = self.model.config.transformer.moe
         aux_loss, moe_metrics = moe_objective(collections.get("moe", {}), moe.load_balance_weight,
                                               moe.router_z_weight)

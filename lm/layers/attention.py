@@ -2,10 +2,11 @@
 
 One module serves every model. The fused path runs the implementation `attention_implementation`
 picks: cuDNN's flash attention on GPU and the Pallas splash kernel on TPU where they apply (causal or
-full attention without a mask array), XLA's otherwise. The explicit path computes the softmax
-weights itself; it runs when they are needed: dropout on the weights during training, or
-`capture_weights=True`, which sows them as 'intermediates'/'attention_weights' (B, H, T, S) for
-visualisation. All paths give the same output.
+full attention without a mask array), XLA's otherwise. Rows of packed documents carry segment ids:
+splash takes them as they are, XLA and the explicit path as a mask, cuDNN not at all. The explicit
+path computes the softmax weights itself; it runs when they are needed: dropout on the weights during
+training, or `capture_weights=True`, which sows them as 'intermediates'/'attention_weights' (B, H, T, S)
+for visualisation. All paths give the same output.
 """
 
 from collections.abc import Callable
@@ -27,13 +28,15 @@ CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
 
 
 def attention_implementation(requested: str, platform: str, dtype, head_dim: int, lengths: tuple[int, int],
-                             has_mask_or_bias: bool) -> str:
+                             has_mask_or_bias: bool, has_segments: bool = False) -> str:
     """The fused attention for a call with query and key lengths (T, S): 'cudnn', 'splash' or 'xla'.
+    has_segments: the rows are packed documents whose segment ids confine attention.
 
     cudnn   cuDNN flash attention (jax.nn.dot_product_attention): GPU, bf16/fp16, head_dim % 8 == 0 and
-            <= 128, no mask or bias array (causal or full attention).
-    splash  the Pallas TPU kernel (lm/layers/splash.py): T and S multiples of 128, no mask or bias array;
-            off TPU it runs interpreted (slow: for tests).
+            <= 128, no mask or bias array (causal or full attention), no segment ids (the public call
+            takes none: its cuDNN path would need the packed documents as a dense mask).
+    splash  the Pallas TPU kernel (lm/layers/splash.py): T and S multiples of 128, no mask or bias array
+            (segment ids are fine); off TPU it runs interpreted (slow: for tests).
     xla     XLA's attention (jax.nn.dot_product_attention): anything, anywhere.
     auto    cudnn on GPU and splash on TPU where they apply, else xla. Asking for cudnn or splash where
             it does not apply is a UserError saying why.
@@ -42,6 +45,8 @@ def attention_implementation(requested: str, platform: str, dtype, head_dim: int
                 has_mask_or_bias)
     needs = {
         "cudnn": [
+            ("rows of one document each (jax.nn.dot_product_attention's cuDNN path takes no segment ids for "
+             "packed documents)", has_segments),
             (f"a GPU (this is {platform})", platform != "gpu"),
             (f"bfloat16 or float16 compute (model.compute_dtype is {jnp.dtype(dtype).name})",
              jnp.dtype(dtype) not in CUDNN_DTYPES),
@@ -71,6 +76,11 @@ def padding_mask(key_valid: jax.Array) -> jax.Array:
 def causal_mask(query_positions: jax.Array, key_positions: jax.Array) -> jax.Array:
     """(T,), (S,) absolute positions -> (1, 1, T, S): a query sees keys at its position or before."""
     return (key_positions[None, :] <= query_positions[:, None])[None, None]
+
+
+def segment_mask(segment_ids: jax.Array) -> jax.Array:
+    """segment_ids (B, T) -> (B, 1, T, T): a query sees only the keys of its own segment (document)."""
+    return (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
 
 
 def combine_masks(*masks: jax.Array | None) -> jax.Array | None:
@@ -114,7 +124,9 @@ class MultiHeadAttention(nn.Module):
     causal: query i sees keys at positions <= i. mask: bool, broadcastable to (B, H, T, S), True
     where a query may attend (padding via `padding_mask`, or any pattern); combined with causal.
     position: 'rope' rotates q and k, 'alibi' biases the scores, anything else does nothing here
-    (positions in self-attention only). positions: (T,) absolute positions of x, default 0..T-1.
+    (positions in self-attention only). positions: (T,) absolute positions of x, default 0..T-1, or
+    (B, T) per row. segment_ids (self-attention, not decoding): (B, T) ids of the documents packed in
+    each row; a query sees only keys of its own segment (with causal, the earlier ones of its document).
     Decoding (self-attention): pass cache_index, the absolute position of x[:, 0]; keys and values
     go into a 'cache' collection whose length is fixed by the input given to `init`.
     """
@@ -140,6 +152,7 @@ class MultiHeadAttention(nn.Module):
         *,
         mask: jax.Array | None = None,
         positions: jax.Array | None = None,
+        segment_ids: jax.Array | None = None,
         cache_index: jax.Array | None = None,
         train: bool = False,
         capture_weights: bool = False,
@@ -149,6 +162,8 @@ class MultiHeadAttention(nn.Module):
         self_attention = kv is None
         if cache_index is not None and not self_attention:
             raise ValueError("the KV cache is for self-attention; pass kv=None when decoding")
+        if segment_ids is not None and not (self_attention and cache_index is None):
+            raise ValueError("segment_ids are for self-attention over packed rows, not cross-attention or decoding")
         kv = x if self_attention else kv
         embed_dim = x.shape[-1]
 
@@ -185,25 +200,28 @@ class MultiHeadAttention(nn.Module):
         if self_attention and self.position == "alibi":
             bias = alibi_bias(self.num_heads, positions, key_positions, self.causal)
 
+        segments = None if segment_ids is None else segment_mask(segment_ids)
         if capture_weights or (train and self.dropout > 0):
-            if use_causal_flag:
-                mask = combine_masks(mask, causal_mask(positions, key_positions))
+            if use_causal_flag:  # by index, as the fused path's is_causal (packed rows restart their positions)
+                mask = combine_masks(mask, causal_mask(jnp.arange(length), jnp.arange(k.shape[1])))
+            mask = combine_masks(mask, segments)
             weights = attention_weights(q, k, bias, mask)  # (B, H, T, S)
             if capture_weights:
                 self.sow("intermediates", "attention_weights", weights)
             weights = nn.Dropout(self.dropout, deterministic=not train)(weights)
             out = weighted_values(weights, v)
         else:
-            if mask is not None:
-                mask = jnp.broadcast_to(mask, (mask.shape[0], mask.shape[1], length, k.shape[1]))
             platform = jax.default_backend()
             implementation = attention_implementation(
                 self.implementation, platform, q.dtype, self.head_dim, (length, k.shape[1]),
-                mask is not None or bias is not None,
+                mask is not None or bias is not None, segment_ids is not None,
             )
             if implementation == "splash":
-                out = splash_attention(q, k, v, use_causal_flag, interpret=platform != "tpu")
+                out = splash_attention(q, k, v, use_causal_flag, segment_ids, interpret=platform != "tpu")
             else:
+                mask = combine_masks(mask, segments)
+                if mask is not None:
+                    mask = jnp.broadcast_to(mask, (mask.shape[0], mask.shape[1], length, k.shape[1]))
                 out = jax.nn.dot_product_attention(
                     q, k, v, bias=None if bias is None else bias.astype(q.dtype), mask=mask,
                     is_causal=use_causal_flag, implementation=implementation,

@@ -31,10 +31,10 @@ POSITION_KINDS = EMBEDDING_KINDS + ATTENTION_KINDS
 
 
 def sinusoidal_table(positions: jax.Array, dim: int) -> jax.Array:
-    """positions (T,) -> (T, dim), interleaved sin/cos as in the paper (dim even)."""
+    """positions (T,) or (B, T) -> (..., T, dim), interleaved sin/cos as in the paper (dim even)."""
     inv_freq = 1.0 / 10000 ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim)  # (dim/2,)
-    angles = positions.astype(jnp.float32)[:, None] * inv_freq[None]  # (T, dim/2)
-    return jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(len(positions), dim)
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # (..., T, dim/2)
+    return jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(*positions.shape, dim)
 
 
 def sincos_2d_table(height: int, width: int, dim: int) -> jax.Array:
@@ -52,7 +52,8 @@ def sincos_2d_table(height: int, width: int, dim: int) -> jax.Array:
 
 
 class PositionEmbedding(nn.Module):
-    """positions (T,) -> (T, D) to add to the token embeddings; zeros for none/rope/alibi."""
+    """positions (T,) or per row (B, T) -> (..., T, D) to add to the token embeddings; zeros for
+    none/rope/alibi."""
 
     kind: str
     max_length: int
@@ -62,9 +63,9 @@ class PositionEmbedding(nn.Module):
     @nn.compact
     def __call__(self, positions: jax.Array) -> jax.Array:
         if self.kind == "learned":
-            if positions.shape[0] > self.max_length:  # nn.Embed would silently clamp the indices
+            if positions.shape[-1] > self.max_length:  # nn.Embed would silently clamp the indices
                 raise ValueError(
-                    f"learned positions cover {self.max_length} tokens, got a sequence of {positions.shape[0]}; "
+                    f"learned positions cover {self.max_length} tokens, got a sequence of {positions.shape[-1]}; "
                     "use sinusoidal, rope or alibi positions to go past the training length"
                 )
             table = self.param("embedding", param_init(self.embedding_init, (None, "embed")),
@@ -73,19 +74,20 @@ class PositionEmbedding(nn.Module):
         if self.kind == "sinusoidal":
             return sinusoidal_table(positions, self.embed_dim)
         if self.kind in ("none",) + ATTENTION_KINDS:
-            return jnp.zeros((positions.shape[0], self.embed_dim), jnp.float32)
+            return jnp.zeros((*positions.shape, self.embed_dim), jnp.float32)
         raise ValueError(f"position kind {self.kind!r}: use one of {POSITION_KINDS}")
 
 
 def apply_rope(x: jax.Array, positions: jax.Array, base: float = 10000.0) -> jax.Array:
-    """x (B, T, H, Dh), positions (T,) -> x with channel pairs (i, i + Dh/2) rotated by p * theta_i."""
+    """x (B, T, H, Dh), positions (T,) or per row (B, T) -> x with channel pairs (i, i + Dh/2) rotated
+    by p * theta_i."""
     head_dim = x.shape[-1]
     if head_dim % 2:
         raise ValueError(f"RoPE needs an even head dimension, got {head_dim}")
     theta = base ** (-jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)  # (Dh/2,)
-    angles = positions.astype(jnp.float32)[:, None] * theta[None]  # (T, Dh/2)
-    cos = jnp.cos(angles)[None, :, None, :]  # (1, T, 1, Dh/2)
-    sin = jnp.sin(angles)[None, :, None, :]
+    angles = positions.astype(jnp.float32)[..., None] * theta  # (..., T, Dh/2)
+    cos = jnp.cos(angles)[..., None, :]  # (..., T, 1, Dh/2): broadcast over the heads (and rows)
+    sin = jnp.sin(angles)[..., None, :]
     first, second = jnp.split(x.astype(jnp.float32), 2, axis=-1)  # (B, T, H, Dh/2) each
     rotated = jnp.concatenate([first * cos - second * sin, first * sin + second * cos], axis=-1)
     return rotated.astype(x.dtype)
@@ -105,7 +107,8 @@ def alibi_slopes(num_heads: int) -> np.ndarray:
 
 
 def alibi_bias(num_heads: int, query_positions: jax.Array, key_positions: jax.Array, causal: bool) -> jax.Array:
-    """(1, H, T, S) additive scores: -m_h (q - k), or -m_h |q - k| for bidirectional attention."""
-    offset = query_positions[:, None] - key_positions[None, :]  # (T, S)
-    distance = offset if causal else jnp.abs(offset)
-    return -jnp.asarray(alibi_slopes(num_heads))[None, :, None, None] * distance[None, None].astype(jnp.float32)
+    """Positions (T,), (S,) -> (1, H, T, S), or per row (B, T), (B, S) -> (B, H, T, S): additive scores
+    -m_h (q - k), or -m_h |q - k| for bidirectional attention."""
+    offset = query_positions[..., :, None] - key_positions[..., None, :]  # (..., T, S)
+    distance = (offset if causal else jnp.abs(offset)).reshape(-1, 1, *offset.shape[-2:])  # (1 or B, 1, T, S)
+    return -jnp.asarray(alibi_slopes(num_heads))[None, :, None, None] * distance.astype(jnp.float32)

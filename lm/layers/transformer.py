@@ -162,7 +162,8 @@ class TransformerConfig:
 
 class TransformerBlock(nn.Module):
     """Self-attention, [cross-attention to `memory`], then a dense or mixture-of-experts MLP, each
-    sub-layer with a residual and a norm. memory_mask: (B, 1, 1, S) from `padding_mask`. The array
+    sub-layer with a residual and a norm. positions (T,) or (B, T) and segment_ids (B, T) are the
+    self-attention's (MultiHeadAttention). memory_mask: (B, 1, 1, S) from `padding_mask`. The array
     arguments can be given by position, as nn.remat and nn.scan pass them."""
 
     config: TransformerConfig
@@ -178,6 +179,7 @@ class TransformerBlock(nn.Module):
         x: jax.Array,  # (B, T, D)
         mask: jax.Array | None = None,
         positions: jax.Array | None = None,
+        segment_ids: jax.Array | None = None,
         cache_index: jax.Array | None = None,
         memory: jax.Array | None = None,  # (B, S, D), with cross_attention
         memory_mask: jax.Array | None = None,
@@ -228,8 +230,8 @@ class TransformerBlock(nn.Module):
         norm_mlp = Norm(cfg.norm, dtype=cfg.dtype, epsilon=cfg.norm_epsilon, name="norm_mlp")
 
         def attend(h):
-            return attention(h, mask=mask, positions=positions, cache_index=cache_index, train=train,
-                             capture_weights=capture_weights)
+            return attention(h, mask=mask, positions=positions, segment_ids=segment_ids, cache_index=cache_index,
+                             train=train, capture_weights=capture_weights)
 
         sublayers = [(attend, norm_attention)]
         if self.cross_attention:
@@ -271,12 +273,12 @@ class BlockGroup(nn.Module):
     capture_weights: bool = False
 
     @nn.compact
-    def __call__(self, x, mask, positions, cache_index, memory, memory_mask):
+    def __call__(self, x, mask, positions, segment_ids, cache_index, memory, memory_mask):
         cfg = self.config
         for j in range(cfg.layer_period):
             x = TransformerBlock(cfg, self.causal, cfg.is_moe_block(j), self.cross_attention, self.train,
                                  self.capture_weights, name=f"block_{j}")(
-                x, mask, positions, cache_index, memory, memory_mask)
+                x, mask, positions, segment_ids, cache_index, memory, memory_mask)
         return x, None
 
 
@@ -284,8 +286,9 @@ class TransformerStack(nn.Module):
     """num_layers blocks (block_0, block_1, ...; or with scan_layers their stacked copies under
     'blocks'), then a final norm for pre-norm: (B, T, D) -> (B, T, D).
 
-    An encoder: causal=False with a padding mask. A decoder-only model: causal=True. The decoder of
-    an encoder-decoder: causal=True, cross_attention=True, with the encoder's output as memory.
+    An encoder: causal=False with a padding mask. A decoder-only model: causal=True, over rows of
+    packed documents with their segment_ids (B, T) and positions (B, T). The decoder of an
+    encoder-decoder: causal=True, cross_attention=True, with the encoder's output as memory.
     """
 
     config: TransformerConfig
@@ -299,6 +302,7 @@ class TransformerStack(nn.Module):
         *,
         mask: jax.Array | None = None,
         positions: jax.Array | None = None,
+        segment_ids: jax.Array | None = None,
         cache_index: jax.Array | None = None,
         memory: jax.Array | None = None,
         memory_mask: jax.Array | None = None,
@@ -306,7 +310,7 @@ class TransformerStack(nn.Module):
         capture_weights: bool = False,
     ) -> jax.Array:
         cfg = self.config
-        arrays = (mask, positions, cache_index, memory, memory_mask)  # the same for every layer
+        arrays = (mask, positions, segment_ids, cache_index, memory, memory_mask)  # the same for every layer
         if cfg.scan_layers:
             scanned = nn.scan(
                 checkpointed(BlockGroup, cfg.remat, in_scan=True),

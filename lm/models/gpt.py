@@ -7,6 +7,10 @@ lm/layers/transformer.py.
 Given targets, the model returns the per-token cross-entropy (B, T) instead of the logits. With
 loss_chunk = c > 0 it computes it c positions at a time, recomputing each chunk's logits in the
 backward pass, so the (B, T, V) logits (3.3 GB in float32 for GPT-2 at batch 16) never exist at once.
+
+Rows of packed documents (lm/data/packing.py) come with segment_ids (B, T) and positions (B, T): a
+token attends only to the earlier tokens of its own document, and its position (for the learned table
+and RoPE) counts from the document's start, so each document's logits are those it has alone.
 """
 
 import dataclasses
@@ -39,7 +43,9 @@ class GPTConfig:
 
 class GPT(nn.Module):
     """Call with tokens (B, T) int32 -> logits (B, T, V); with targets (B, T) -> per-token
-    cross-entropy (B, T). With decode=True, reads and advances the KV cache."""
+    cross-entropy (B, T). Packed rows: segment_ids (B, T) (1, 2, ... per document, 0 padding) and
+    positions (B, T) (restarting at 0 per document), both or neither. With decode=True, reads and
+    advances the KV cache (rows of one sequence each: no segment ids)."""
 
     config: GPTConfig
 
@@ -51,11 +57,16 @@ class GPT(nn.Module):
         decode: bool = False,
         capture_weights: bool = False,
         targets: jax.Array | None = None,
+        segment_ids: jax.Array | None = None,
+        positions: jax.Array | None = None,
     ) -> jax.Array:
         cfg = self.config
         blocks = cfg.transformer
+        if (segment_ids is None) != (positions is None) or (decode and segment_ids is not None):
+            raise ValueError("packed rows take both segment_ids and positions, and are not for decoding")
         cache_index = None
-        positions = jnp.arange(tokens.shape[1])
+        if positions is None:
+            positions = jnp.arange(tokens.shape[1])
         if decode:
             index = self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
             cache_index = index.value
@@ -66,7 +77,8 @@ class GPT(nn.Module):
         x, token_embed = embed(tokens, positions, cfg.padded_vocab_size, cfg.context_length, blocks,
                                cfg.scale_embeddings, train)  # (B, T, D)
         x = TransformerStack(blocks, causal=True, name="decoder")(
-            x, positions=positions, cache_index=cache_index, train=train, capture_weights=capture_weights
+            x, positions=positions, segment_ids=segment_ids, cache_index=cache_index, train=train,
+            capture_weights=capture_weights,
         )
 
         head = LMHead(cfg.vocab_size, cfg.padded_vocab_size, token_embed if cfg.tie_embeddings else None,

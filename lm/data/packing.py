@@ -1,0 +1,109 @@
+"""Packing by document: whole documents laid into fixed-length rows, best-fit, with segment ids.
+
+A row holds `length + 1` tokens, so that inputs = row[:-1] and targets = row[1:] are `length` long.
+Documents (each (n_i,) token ids, ending with the end-of-text id where the tokenizer has one) longer
+than a row are first cut into row-sized pieces (the last piece holds the rest); then the pieces are
+placed best-fit-decreasing: longest first (ties in input order), each into the open row with the
+least room that still fits it (ties: the row opened first), or a new row. Within a row the pieces lie
+in the order they were placed, and padding fills the end.
+
+Per row (R rows, W = length + 1):
+  tokens       (R, W) int32  the pieces' ids, pad_id after them
+  segment_ids  (R, W) int32  1, 2, ... for the row's first, second, ... piece; 0 for padding
+  positions    (R, W) int32  0, 1, ... restarting at each piece; 0 on padding
+For training (`examples`), each (R, length): inputs, targets, segment_ids, positions of the inputs,
+and weights (float32): 1 where the target is the next token of the same piece, 0 where it belongs to
+the next document or is padding. The model attends within a segment only (lm/models/gpt.py).
+
+The result is a pure function of the documents in their order. Placing a piece costs a bisect (and
+at times an insert) in the sorted list of the distinct room sizes of the open rows, at most W of them,
+and a heap operation on the rows with that room: O(n log n) for n pieces (about 4 s for a million
+documents of up to 100 tokens into rows of 1025).
+"""
+
+import bisect
+import dataclasses
+import heapq
+from collections.abc import Sequence
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class PackedRows:
+    """Rows of packed documents, each array (R, length + 1) int32 (see the module docstring)."""
+
+    tokens: np.ndarray
+    segment_ids: np.ndarray
+    positions: np.ndarray
+
+
+def split_documents(documents: Sequence[np.ndarray], size: int) -> list[np.ndarray]:
+    """The documents cut into pieces of at most `size` tokens, in order (a document of n tokens gives
+    ceil(n / size) pieces, all but the last exactly `size` long); empty documents give none."""
+    return [document[start:start + size] for document in documents for start in range(0, len(document), size)]
+
+
+def best_fit(sizes: Sequence[int], capacity: int) -> list[list[int]]:
+    """Best-fit-decreasing bin packing of items of sizes (n,), each 1..capacity, into rows of capacity:
+    per row (in the order rows are opened), the indices of its items in the order they were placed."""
+    rows: list[list[int]] = []
+    rows_with_room: dict[int, list[int]] = {}  # room -> a heap of the open rows with exactly that room left
+    rooms: list[int] = []  # the keys of rows_with_room, ascending
+    for item in np.argsort(-np.asarray(sizes), kind="stable").tolist():  # longest first, ties in input order
+        size = int(sizes[item])
+        i = bisect.bisect_left(rooms, size)  # the least room that still fits
+        if i == len(rooms):
+            row, room = len(rows), capacity
+            rows.append([])
+        else:
+            room = rooms[i]
+            row = heapq.heappop(rows_with_room[room])
+            if not rows_with_room[room]:
+                del rows_with_room[room], rooms[i]
+        rows[row].append(item)
+        if room > size:
+            if room - size not in rows_with_room:
+                bisect.insort(rooms, room - size)
+            heapq.heappush(rows_with_room.setdefault(room - size, []), row)
+    return rows
+
+
+def pack_documents(documents: Sequence[np.ndarray], length: int, pad_id: int = 0) -> PackedRows:
+    """documents (each (n_i,) ids) packed best-fit into rows of length + 1 tokens (module docstring)."""
+    width = length + 1
+    pieces = split_documents(documents, width)
+    rows = best_fit([len(piece) for piece in pieces], width)
+    tokens = np.full((len(rows), width), pad_id, np.int32)
+    segment_ids = np.zeros((len(rows), width), np.int32)
+    positions = np.zeros((len(rows), width), np.int32)
+    ramp = np.arange(width, dtype=np.int32)
+    for row, members in enumerate(rows):
+        start = 0
+        for segment, item in enumerate(members, 1):
+            piece = pieces[item]
+            end = start + len(piece)
+            tokens[row, start:end] = piece
+            segment_ids[row, start:end] = segment
+            positions[row, start:end] = ramp[:len(piece)]
+            start = end
+    return PackedRows(tokens, segment_ids, positions)
+
+
+def examples(rows: PackedRows) -> dict[str, np.ndarray]:
+    """Training examples of packed rows, each (R, length): inputs, targets, segment_ids and positions
+    (of the inputs) int32, weights float32 (1: the target continues the input's piece; 0: a boundary
+    or padding)."""
+    segments = rows.segment_ids
+    return {
+        "inputs": rows.tokens[:, :-1],
+        "targets": rows.tokens[:, 1:],
+        "segment_ids": segments[:, :-1],
+        "positions": rows.positions[:, :-1],
+        "weights": ((segments[:, 1:] == segments[:, :-1]) & (segments[:, 1:] != 0)).astype(np.float32),
+    }
+
+
+def padding_fraction(rows: PackedRows) -> float:
+    """The share of the rows' token slots that are padding."""
+    return float(np.mean(rows.segment_ids == 0)) if rows.segment_ids.size else 0.0
