@@ -3,7 +3,7 @@ share, before they set their model and their variants. The config files (configs
 the trainer's own sections come from lm/train/options.py (run_options, optimizer_options, train_options).
 
   language_model(dataset)      experiments/language_model.py: Tiny Shakespeare characters (the baby GPT,
-                               configs/gpt_shakespeare.py) or token files (configs/gpt2.py)
+                               configs/gpt_shakespeare.py), token files or a document source (configs/gpt2.py)
   translation()                experiments/translation.py: Multi30k de -> en (configs/translate_*.py add the
                                model; translation_test_sizes gives their `test` variants)
   image_classification()       experiments/image_classification.py: CIFAR-10 (configs/vit_cifar10.py adds
@@ -51,27 +51,41 @@ def text_data(dataset: str) -> ml_collections.ConfigDict:
 
 
 def token_file_data() -> ml_collections.ConfigDict:
-    """Pre-tokenised ids (nanoGPT's train.bin / val.bin, or `lm prepare`'s), GPT-2 BPE by default."""
+    """Pre-tokenised ids (nanoGPT's train.bin / val.bin, or `lm prepare`'s), GPT-2 BPE by default; or the
+    documents of a source (files, TFDS, Hugging Face: lm/data/sources.py), tokenised when the run starts."""
     return declare(
         ml_collections.ConfigDict(),
-        dataset=option("token_file", "token_file: read train_file and val_file; synthetic: uniformly random ids",
-                       choices=("token_file", "synthetic")),
+        dataset=option("token_file", "token_file: read train_file and val_file; synthetic: uniformly random ids; "
+                                     "source: the documents of data.source, tokenised with data.tokenizer",
+                       choices=("token_file", "synthetic", "source")),
+        source=option("", "for dataset=source, the training documents: files:GLOB (.txt, .jsonl, .jsonl.gz, "
+                          ".parquet), tfds:NAME[/CONFIG][:SPLIT] or hf:NAME_OR_DIR[:CONFIG][:SPLIT] (docs/data.md)"),
+        val_source=option("", "the validation documents, as source ('' = the last val_fraction of source's)"),
+        val_fraction=option(0.01, "without val_source, the share of source's documents (the last ones) held out "
+                                  "for validation", bounds=Range(0, 1, low_open=True, high_open=True)),
+        text_field=option("text", "the field of a record holding its document (jsonl, parquet, TFDS, Hugging Face)"),
+        packing=option("documents", "documents: whole documents best-fit into rows, no attention or loss across "
+                                    "them; concat: documents joined by end-of-text, cut into windows",
+                       choices=("documents", "concat")),
+        skip_bad_records=option(False, "skip (and count) the source records that give no document instead of "
+                                       "stopping at the first"),
         train_file=option("openwebtext/train.bin", "training token ids, absolute or relative to $LM_DATA_DIR"),
         val_file=option("openwebtext/val.bin", "validation token ids, absolute or relative to $LM_DATA_DIR"),
         token_dtype=option("uint16", "the files' id type (uint32 for vocabularies past 65,536)",
                            choices=tuple(tokens.TOKEN_DTYPES)),
         vocab_size=option(50257, "ids in the vocabulary (50257: GPT-2 BPE)", bounds=at_least(1)),
         # Saved into the run, so that lm sample prints text.
-        tokenizer=option("", "the tokenizer.json the token files were made with, absolute or relative to "
-                             "$LM_DATA_DIR; its vocabulary must be vocab_size ('' = none, ids only)"),
+        tokenizer=option("", "the tokenizer.json the token files were made with (or source is tokenised with), "
+                             "absolute or relative to $LM_DATA_DIR, or gpt2 (GPT-2's own, $LM_DATA_DIR/vocab); its "
+                             "vocabulary must be vocab_size ('' = none, ids only)"),
         context_length=option(1024, "tokens per training window", bounds=at_least(1)),
     )
 
 
 def language_model(dataset: str = "tinyshakespeare") -> ml_collections.ConfigDict:
-    """Next-token prediction with a GPT: dataset "token_file" reads token ids (token_file_data), any
-    other names a text corpus (text_data). The model is the baby GPT (4 layers, 4 heads, 128 wide) with
-    nanoGPT's Shakespeare optimiser."""
+    """Next-token prediction with a GPT: dataset "token_file" reads token ids or a document source
+    (token_file_data), any other names a text corpus (text_data). The model is the baby GPT (4 layers,
+    4 heads, 128 wide) with nanoGPT's Shakespeare optimiser."""
     config = run_options("language_model")
     config.data = token_file_data() if dataset == "token_file" else text_data(dataset)
 

@@ -25,6 +25,11 @@ multiple of 128, so the embedding and the logits split evenly and map onto whole
             --config.data.tokenizer=/tmp/shakespeare_bpe/tokenizer.json --config.data.vocab_size=2048
         Tiny Shakespeare, BPE 2048: val loss 4.61 per token (1.68 per character) in 4 min 55 s on a
         shared 2-core CPU (1.07M parameters, 3,700-5,600 tokens/s).
+        The same model on documents of jsonl files, GPT-2's tokenizer, rows packed by document (docs/data.md
+        makes /tmp/corpus_jsonl of the shared BERT corpus; not yet run to the end, so no result here):
+        lm train --config=configs/gpt2.py:bpe_small --workdir=runs/corpus_documents \
+            --config.data.dataset=source --config.data.source='files:/tmp/corpus_jsonl/*.jsonl' \
+            --config.data.tokenizer=gpt2 --config.data.vocab_size=50257
   test  2 layers (scanned), 4 heads, 64 wide, context 64, a tiny vocabulary, synthetic ids: for tests and a
         CPU smoke run.
         lm train --config=configs/gpt2.py:test --workdir=/tmp/gpt2_test
@@ -32,7 +37,9 @@ multiple of 128, so the embedding and the logits split evenly and map onto whole
 Data: data.train_file / data.val_file are raw little-endian uint16 token ids (uint32 for
 vocabularies past 65,536: data.token_dtype), absolute or relative to $LM_DATA_DIR; nanoGPT's
 data/openwebtext/prepare.py writes them, and `lm prepare` (any text files, a trained
-BPE or GPT-2's tokenizer) with the tokenizer.json that data.tokenizer names. For throughput runs without data:
+BPE or GPT-2's tokenizer) with the tokenizer.json that data.tokenizer names. Or documents, tokenised as the run
+starts: --config.data.dataset=source --config.data.source=files:GLOB (or tfds:..., hf:...; docs/data.md).
+For throughput runs without data:
   --config.data.dataset=synthetic  (uniformly random ids; the loss stays at ln(50257) = 10.8).
 
 Throughput (benchmarks/step_time.py prints tokens/s, step time, compile time, memory and MFU):

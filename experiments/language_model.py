@@ -1,8 +1,10 @@
 """Language modelling: next-token prediction with a GPT on a character-level corpus, a pre-tokenised
 token file (nanoGPT's train.bin / val.bin, with its tokenizer when data.tokenizer names one: what
-`lm prepare` writes) or synthetic random ids (for throughput runs)."""
+`lm prepare` writes), the documents of a source (files, TFDS or Hugging Face: data.source, tokenised with
+data.tokenizer, packed by document or concatenated) or synthetic random ids (for throughput runs)."""
 
 import functools
+import itertools
 import pathlib
 
 import jax
@@ -10,7 +12,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from lm.data import bpe, run_cache, text, tokens
+from lm.data import bpe, packing, run_cache, sources, text, tokens
 from lm.decode.generate import generate
 from lm.errors import UserError
 from lm.losses import masked_mean, moe_objective
@@ -20,6 +22,10 @@ from lm.train.experiment import Experiment
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKEN_SOURCES = ("token_file", "synthetic")  # data.dataset values that give token ids (a tokenizer optional)
+SOURCE = "source"  # data.dataset: the documents of data.source, tokenised with data.tokenizer
+SOURCE_OPTIONS = ("source", "val_source", "val_fraction", "text_field", "skip_bad_records")  # what the documents are
+GPT2_TOKENIZER = "gpt2"  # data.tokenizer: GPT-2's own (lm/data/bpe.py from_gpt2)
+ENCODE_BATCH = 4096  # documents a tokenizer call encodes (in parallel)
 TOKENIZER_FORMAT = "a tokenizer.json as lm prepare writes it"
 
 
@@ -45,14 +51,20 @@ class LanguageModel(Experiment):
         train_tokens: np.ndarray | None = None,
         val_tokens: np.ndarray | None = None,
         data_cache: run_cache.DataCache | None = None,
+        train_rows: packing.PackedRows | None = None,
+        val_documents: list[np.ndarray] | None = None,
     ):
-        """tokenizer: the character vocabulary of a text corpus, a token file's (data.tokenizer), or None
-        for token ids without one (whose vocabulary is data.vocab_size). train_tokens, val_tokens: (N,)
-        ids (memory-mapped for a token file; None for synthetic ids and for sampling)."""
+        """tokenizer: the character vocabulary of a text corpus, a token file's or a source's (data.tokenizer),
+        or None for token ids without one (whose vocabulary is data.vocab_size). train_tokens, val_tokens: (N,)
+        ids (memory-mapped for a token file; None for synthetic ids, packed documents and sampling). Documents
+        packed by document instead: train_rows, their training rows, and val_documents, the validation
+        documents' ids (packed at each length evaluated)."""
         super().__init__(config, data_cache)
         self.tokenizer = tokenizer
         self.train_tokens = train_tokens
         self.val_tokens = val_tokens
+        self.train_rows = train_rows
+        self.val_documents = val_documents
         self.vocab_size = config.data.vocab_size if tokenizer is None else tokenizer.vocab_size
         self.model = GPT(gpt_config(config, self.vocab_size))
         self.units_per_example = config.data.context_length
@@ -80,6 +92,8 @@ class LanguageModel(Experiment):
         length, dataset = self.config.data.context_length, self.config.data.dataset
         if dataset == "synthetic":
             return tokens.SyntheticBatches(self.vocab_size, length, batch_size, seed, shard, start_step)
+        if self.train_rows is not None:
+            return packing.train_batches(self.train_rows, batch_size, seed, shard, start_step)
         if dataset == "token_file":
             return tokens.train_windows(
                 self.train_tokens, length, batch_size, seed, shard, start_step, self.vocab_size
@@ -91,10 +105,12 @@ class LanguageModel(Experiment):
 
     def val_windows(self, length: int) -> list[dict[str, np.ndarray]]:
         """The fixed eval batches (eval.batch_size x eval.num_batches) of windows of length: from the val
-        split, or random ids for synthetic data."""
+        split (its documents packed into rows of length), or random ids for synthetic data."""
         e, dataset = self.config.eval, self.config.data.dataset
         if dataset == "synthetic":
             return tokens.synthetic_eval(self.vocab_size, length, e.batch_size, e.num_batches)
+        if self.val_documents is not None:
+            return packing.eval_batches(packing.pack_documents(self.val_documents, length), e.batch_size, e.num_batches)
         if dataset == "token_file":
             return tokens.eval_windows(self.val_tokens, length, e.batch_size, e.num_batches, self.vocab_size)
         return text.eval_windows(self.val_tokens, length, e.batch_size, e.num_batches, seed=0)
@@ -151,24 +167,27 @@ def build(config: ml_collections.ConfigDict, workdir: pathlib.Path | None = None
     """By data.dataset: a text corpus (tinyshakespeare) is read, its character vocabulary fitted and
     split train/val (text_ids); a token file memory-maps data.train_file and data.val_file
     (data.token_dtype ids, each < data.vocab_size), with data.tokenizer's tokenizer when set (its
-    vocabulary must be data.vocab_size); synthetic reads nothing (random ids < data.vocab_size)."""
+    vocabulary must be data.vocab_size); a source's documents are read and tokenised (source_experiment);
+    synthetic reads nothing (random ids < data.vocab_size)."""
     d = config.data
-    if d.get("tokenizer") and d.dataset != "token_file":
-        raise UserError(f"data.tokenizer is for data.dataset='token_file' (the ids it wrote), not "
-                        f"{d.dataset!r}: drop data.tokenizer")
+    if d.get("tokenizer") and d.dataset not in ("token_file", SOURCE):
+        raise UserError(f"data.tokenizer is for data.dataset='token_file' (the ids it wrote) or 'source' (to encode "
+                        f"its documents), not {d.dataset!r}: drop data.tokenizer")
     if d.dataset in text.DATASETS:
         cache = run_cache.DataCache(workdir)
         tokenizer, ids = text_ids(config, workdir, cache)
         encode_prompt(tokenizer, config.sample.prompt, "--config.sample.prompt")
         return LanguageModel(config, tokenizer, *text.split_tokens(ids, d.train_fraction), data_cache=cache)
-    if d.dataset not in TOKEN_SOURCES:
-        raise UserError(f"data.dataset={d.dataset!r}: use one of {', '.join([*text.DATASETS, *TOKEN_SOURCES])}")
+    if d.dataset not in (*TOKEN_SOURCES, SOURCE):
+        raise UserError(f"data.dataset={d.dataset!r}: use one of {', '.join([*text.DATASETS, *TOKEN_SOURCES, SOURCE])}")
     vocab_size = d.get("vocab_size")
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
         raise UserError(f"data.dataset={d.dataset!r} needs data.vocab_size, the model's vocabulary (a positive "
                         f"int, e.g. 50257 for GPT-2 BPE), not {vocab_size!r}")
     if d.dataset == "synthetic":
         return LanguageModel(config, None)
+    if d.dataset == SOURCE:
+        return source_experiment(config, workdir)
     tokenizer = token_file_tokenizer(d) if d.get("tokenizer") else None
     if tokenizer is not None:
         encode_prompt(tokenizer, config.sample.prompt, "--config.sample.prompt")
@@ -193,10 +212,94 @@ def text_ids(config: ml_collections.ConfigDict, workdir: pathlib.Path | None,
     return tokenizer, cache.get("tokens", key, lambda: tokenizer.encode(corpus()))
 
 
+def source_experiment(config: ml_collections.ConfigDict, workdir: pathlib.Path | None) -> LanguageModel:
+    """The language model on the documents of data.source (source_documents), tokenised with data.tokenizer:
+    packed by document into rows of context_length + 1 (data.packing=documents; the padding fraction is
+    printed), or concatenated into one stream of ids cut into windows as a token file is (concat)."""
+    d = config.data
+    if not d.source:
+        raise UserError(f"data.dataset='source' needs data.source, the documents to train on: {sources.SPEC_FORMS}")
+    if not d.tokenizer:
+        raise UserError(f"data.dataset='source' needs data.tokenizer, the tokenizer to encode the documents with: "
+                        f"{GPT2_TOKENIZER} (GPT-2's own) or the path of {TOKENIZER_FORMAT}")
+    tokenizer = token_file_tokenizer(d)
+    encode_prompt(tokenizer, config.sample.prompt, "--config.sample.prompt")
+    cache = run_cache.DataCache(workdir)
+    train, val = source_documents(d, tokenizer, cache)
+    if d.packing == "concat":
+        return LanguageModel(config, tokenizer, train[0].astype(np.int32), val[0].astype(np.int32), data_cache=cache)
+    documents = unflatten(*train)
+    rows = packing.pack_documents(documents, d.context_length)
+    print(f"data.source: {len(documents)} documents packed into {len(rows.tokens)} rows of {d.context_length + 1} "
+          f"tokens, {packing.padding_fraction(rows):.2%} padding")
+    return LanguageModel(config, tokenizer, data_cache=cache, train_rows=rows, val_documents=unflatten(*val))
+
+
+Flat = tuple[np.ndarray, np.ndarray]  # documents as (ids (N,), offsets (D + 1,)): i is ids[offsets[i]:offsets[i + 1]]
+
+
+def source_documents(data: ml_collections.ConfigDict, tokenizer: bpe.BPETokenizer,
+                     cache: run_cache.DataCache) -> tuple[Flat, Flat]:
+    """(train, val) documents, each its ids then the end-of-text id: data.source's, and data.val_source's or
+    else the last data.val_fraction of data.source's. Read and tokenised (encoded_documents), or for a resumed
+    run read from its data cache."""
+    if tokenizer.end_of_text_id is None:
+        raise UserError(f"data.tokenizer={data.tokenizer} has no {bpe.END_OF_TEXT} token to end each document "
+                        f"with: give a tokenizer that has one ({TOKENIZER_FORMAT})")
+    key = run_cache.digest({name: data[name] for name in SOURCE_OPTIONS}, tokenizer.tokenizer.to_str())
+
+    def read() -> dict[str, Flat]:
+        opened = [sources.Source(data[option], data.text_field, data.skip_bad_records, f"data.{option}")
+                  for option in ("source", "val_source") if data[option]]  # both opened before either is read
+        train, *val = [encoded_documents(source, tokenizer) for source in opened]
+        train, val = (train, val[0]) if val else held_out(train, data.val_fraction)
+        return {"train": train, "val": val}
+
+    documents = cache.get("documents", key, read)
+    return documents["train"], documents["val"]
+
+
+def encoded_documents(source: sources.Source, tokenizer: bpe.BPETokenizer) -> Flat:
+    """The source's documents tokenised ENCODE_BATCH at a time on all cores, each followed by the end-of-text
+    id; ids uint16 where the vocabulary fits. A UserError if the source gives no document."""
+    pieces, lengths = [], []
+    end = np.array([tokenizer.end_of_text_id], np.int32)
+    texts = (text for _, text in source)
+    while batch := list(itertools.islice(texts, ENCODE_BATCH)):
+        for ids in tokenizer.encode_batch(batch):
+            pieces += [ids, end]
+            lengths.append(len(ids) + 1)
+    if not lengths:  # (an empty source is a bad record: met here only when all were skipped)
+        raise UserError(f"{source.name} gives no documents: all {source.skipped} of its records are bad "
+                        "(the warning above names the first)")
+    dtype = np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.int32
+    return np.concatenate(pieces).astype(dtype), np.concatenate([[0], np.cumsum(lengths)])
+
+
+def held_out(documents: Flat, fraction: float) -> tuple[Flat, Flat]:
+    """(train, val): the last max(1, floor(D * fraction)) of the D documents (fraction < 1) for validation,
+    the rest for training; a UserError for a single document."""
+    ids, offsets = documents
+    count = len(offsets) - 1
+    cut = count - max(1, int(count * fraction))
+    if cut < 1:
+        raise UserError("data.source has a single document: too few to hold some out for validation and train on "
+                        "the rest; give more documents, or data.val_source")
+    start = offsets[cut]
+    return (ids[:start], offsets[:cut + 1]), (ids[start:], offsets[cut:] - start)
+
+
+def unflatten(ids: np.ndarray, offsets: np.ndarray) -> list[np.ndarray]:
+    """The documents of (ids, offsets), as views of ids."""
+    return np.split(ids, offsets[1:-1])
+
+
 def token_file_tokenizer(data: ml_collections.ConfigDict) -> bpe.BPETokenizer:
-    """data.tokenizer's tokenizer; UserError if its vocabulary is not data.vocab_size."""
-    path = tokens.find_token_file(data.tokenizer, "data.tokenizer", TOKENIZER_FORMAT)
-    tokenizer = bpe.BPETokenizer.load(path)
+    """data.tokenizer's tokenizer (gpt2: GPT-2's own); UserError if its vocabulary is not data.vocab_size."""
+    if data.tokenizer == GPT2_TOKENIZER:
+        tokenizer = bpe.BPETokenizer.from_gpt2()
+    else:
+        tokenizer = bpe.BPETokenizer.load(tokens.find_token_file(data.tokenizer, "data.tokenizer", TOKENIZER_FORMAT))
     if tokenizer.vocab_size != data.vocab_size:
         raise UserError(f"data.vocab_size={data.vocab_size} but data.tokenizer={data.tokenizer} has "
                         f"{tokenizer.vocab_size} ids: set --config.data.vocab_size={tokenizer.vocab_size}")
@@ -227,7 +330,7 @@ def no_tokenizer(config: ml_collections.ConfigDict) -> str:
 def from_workdir(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> LanguageModel:
     """The experiment for sampling and export: tokenizer from the workdir, no corpus needed. A run trained
     on token ids without data.tokenizer has none (sample() then says so)."""
-    if config.data.dataset not in TOKEN_SOURCES:
+    if config.data.dataset not in (*TOKEN_SOURCES, SOURCE):
         return LanguageModel(config, run_cache.load_saved(workdir / TOKENIZER_FILE, text.CharTokenizer.load))
     if not config.data.get("tokenizer"):
         return LanguageModel(config, None)

@@ -19,6 +19,9 @@ The result is a pure function of the documents in their order. Placing a piece c
 at times an insert) in the sorted list of the distinct room sizes of the open rows, at most W of them,
 and a heap operation on the rows with that room: O(n log n) for n pieces (about 4 s for a million
 documents of up to 100 tokens into rows of 1025).
+
+train_batches and eval_batches serve packed rows as the trainer's batches (the language model's
+data.packing=documents): shuffled per epoch and sharded over processes like text.train_windows.
 """
 
 import bisect
@@ -26,6 +29,7 @@ import dataclasses
 import heapq
 from collections.abc import Sequence
 
+import grain
 import numpy as np
 
 
@@ -107,3 +111,34 @@ def examples(rows: PackedRows) -> dict[str, np.ndarray]:
 def padding_fraction(rows: PackedRows) -> float:
     """The share of the rows' token slots that are padding."""
     return float(np.mean(rows.segment_ids == 0)) if rows.segment_ids.size else 0.0
+
+
+class ExampleRows:
+    """Row indices of a global batch (G,) -> this process's rows [start, stop) of the examples, each (B, length)."""
+
+    def __init__(self, rows: dict[str, np.ndarray], start: int, stop: int):
+        self.rows, self.start, self.stop = rows, start, stop
+
+    def __call__(self, indices: np.ndarray) -> dict[str, np.ndarray]:
+        chosen = indices[self.start:self.stop]
+        return {key: values[chosen] for key, values in self.rows.items()}
+
+
+def train_batches(rows: PackedRows, batch_size: int, seed: int, shard: tuple[int, int] = (0, 1),
+                  start_step: int = 0) -> grain.IterDataset:
+    """Endless batches of packed rows (examples), the semantics of text.train_windows: every row once per
+    epoch, in a permutation drawn from the seed and the epoch; the k-th batch is this process's rows
+    [index * B, (index + 1) * B) of global batch start_step + k (G = B * count rows, shard = (index, count)),
+    so global batch s is a function of (rows, seed, s) alone, whatever the number of processes."""
+    index, count = shard
+    order = grain.MapDataset.range(len(rows.tokens)).shuffle(seed=seed).repeat()
+    global_batches = order.batch(batch_size * count, drop_remainder=True)  # row indices, (G,) each
+    chosen = ExampleRows(examples(rows), index * batch_size, (index + 1) * batch_size)
+    return global_batches[start_step:].map(chosen).to_iter_dataset()
+
+
+def eval_batches(rows: PackedRows, batch_size: int, num_batches: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    """num_batches fixed batches of batch_size packed rows (examples): the rows in a seeded permutation,
+    repeated as often as the batches need."""
+    order = np.resize(np.random.default_rng(seed).permutation(len(rows.tokens)), (num_batches, batch_size))
+    return [ExampleRows(examples(rows), 0, batch_size)(indices) for indices in order]

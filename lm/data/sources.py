@@ -1,0 +1,341 @@
+"""Documents from one source spec: local files, a prepared TFDS dataset, or a Hugging Face dataset.
+
+  files:GLOB                       the files GLOB matches, sorted (`**` reaches into folders); a relative GLOB
+                                   against the working directory, else against $LM_DATA_DIR. By extension:
+                                   .txt (and .txt.gz): the file is one document; .jsonl, .jsonl.gz: a JSON
+                                   object a line, the document its text_field (blank lines skipped); .parquet:
+                                   the text_field column, a row group at a time
+  tfds:NAME[/CONFIG][:SPLIT]       a dataset tensorflow-datasets has prepared (array_record or parquet files in
+                                   $TFDS_DATA_DIR, else ~/tensorflow_datasets), read with its random-access
+                                   data source (no TensorFlow); SPLIT (default train) may slice: train[:90%]
+  hf:NAME_OR_DIR[:CONFIG][:SPLIT]  the Hugging Face `datasets` library (pip install -e ".[hf]"): a folder
+                                   save_to_disk wrote (load_from_disk), another local folder or file (its
+                                   data files: load_dataset), else a Hub dataset, streamed; SPLIT default train
+
+A Source yields its documents as (where, text) in a fixed order (files in sorted order, records in file
+order; a dataset's records by index), `where` naming the file and the record (`b.jsonl line 7`, `c.parquet
+row 12`, `<tfds folder> train record 3`). A record that gives no document is one UserError naming the
+source, the file and the record: a missing or non-string text field, invalid UTF-8, a line that is not a JSON
+object, an empty file or split, a file that cannot be read (corrupt gzip or parquet: the whole file). With
+skip_bad_records such records (an unreadable file counting as one) are skipped and counted instead; the
+count and the first of them are printed once the source has been read. What concerns the whole source is
+always an error: a spec or GLOB that names nothing, an unknown extension, a TFDS dataset that is not
+prepared, a Hugging Face dataset that needs a network where there is none.
+
+shard_documents(documents, index, count) gives process `index` of `count` its share: document i goes to
+process i % count.
+"""
+
+import dataclasses
+import glob
+import gzip
+import itertools
+import json
+import os
+import pathlib
+import sys
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, TypeVar
+
+from absl import logging
+
+from lm.data.files import DATA_DIR_ENV, OFFLINE_ENV
+from lm.errors import UserError
+
+T = TypeVar("T")
+SPEC_FORMS = "files:GLOB, tfds:NAME[/CONFIG][:SPLIT] or hf:NAME_OR_DIR[:CONFIG][:SPLIT] (docs/data.md)"
+SKIP_HINT = "fix or remove it, or pass --config.data.skip_bad_records=True to skip such records"
+HF_INSTALL = "pip install -e \".[hf]\" in the lm repository (or pip install 'datasets>=3,<6')"
+HF_OFFLINE_ENVS = (OFFLINE_ENV, "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")  # any of them set: no network
+TFDS_CHUNK = 1024  # records read from a TFDS data source at a time
+
+
+@dataclasses.dataclass(frozen=True)
+class Bad:
+    """What is wrong with a record (or a whole file) that gives no document."""
+
+    problem: str
+
+
+Record = tuple[str, "str | Bad"]  # (where, the document's text or what is wrong with it)
+
+
+class Source:
+    """The documents of a spec (module docstring): iterate it for (where, text) pairs, in order. Opening
+    checks what concerns the whole source (UserErrors); bad records are met while iterating. option names
+    the spec in messages (e.g. data.source)."""
+
+    def __init__(self, spec: str, text_field: str = "text", skip_bad_records: bool = False, option: str = "source"):
+        self.name, self.skip_bad_records = f"{option}={spec}", skip_bad_records
+        kind, _, rest = spec.partition(":")
+        openers = {"files": open_files, "tfds": open_tfds, "hf": open_hf}
+        if kind not in openers or not rest:
+            raise UserError(f"{self.name}: use {SPEC_FORMS}")
+        self._records: Callable[[], Iterator[Record]] = openers[kind](rest, text_field, self.name)
+        self.skipped = 0  # the bad records the last pass skipped
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        self.skipped, first = 0, None
+        for where, text in self._records():
+            if not isinstance(text, Bad):
+                yield where, text
+            elif self.skip_bad_records:
+                self.skipped += 1
+                first = first or f"{where}: {text.problem}"
+            else:
+                raise UserError(f"{self.name}: {where}: {text.problem}; {SKIP_HINT}")
+        if first:
+            print(f"warning: skipped {self.skipped} bad records of {self.name} (the first: {first})", file=sys.stderr)
+
+
+def shard_documents(documents: Iterable[T], index: int, count: int) -> Iterator[T]:
+    """Process index's share of documents among count processes: document i goes to process i % count, so
+    the processes read disjoint documents that together are the source, once."""
+    if not 0 <= index < count:
+        raise ValueError(f"process index {index} is not in [0, {count})")
+    return itertools.islice(documents, index, None, count)
+
+
+def field_text(record: Mapping[str, Any], field: str) -> "str | Bad":
+    """The text of record[field] (bytes are decoded as UTF-8), or what is wrong with it."""
+    if field not in record:
+        fields = ", ".join(map(str, record)) or "none"
+        return Bad(f"has no field {field!r} (its fields: {fields[:200]}): set --config.data.text_field")
+    value = record[field]
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError as e:
+            return Bad(f"field {field!r} is not UTF-8 text ({e.reason} at byte {e.start})")
+    if not isinstance(value, str):
+        return Bad(f"field {field!r} is {'null' if value is None else type(value).__name__}, not a string")
+    return value
+
+
+# --- files:GLOB --------------------------------------------------------------------------------------
+
+
+def matching_files(pattern: str, name: str) -> list[pathlib.Path]:
+    """The files pattern matches, sorted: an absolute pattern as it is, a relative one in the working
+    directory, else in $LM_DATA_DIR. A UserError naming where it looked if it matches none."""
+    pattern = os.path.expanduser(pattern)
+    places = [pattern]
+    data_dir = os.environ.get(DATA_DIR_ENV)
+    if not os.path.isabs(pattern) and data_dir:
+        places.append(os.path.join(data_dir, pattern))
+    for place in places:
+        found = sorted(pathlib.Path(path) for path in glob.glob(place, recursive=True) if os.path.isfile(path))
+        if found:
+            return found
+    where = " nor ".join(places) + ("" if data_dir else f" (${DATA_DIR_ENV} is not set)")
+    raise UserError(f"{name}: no file matches {where}: give a glob of .txt, .jsonl, .jsonl.gz or .parquet files, "
+                    f"absolute or relative to the working directory or ${DATA_DIR_ENV}")
+
+
+def open_files(pattern: str, field: str, name: str) -> Callable[[], Iterator[Record]]:
+    readers = {".txt": read_text, ".txt.gz": read_text, ".jsonl": read_jsonl, ".jsonl.gz": read_jsonl,
+               ".parquet": read_parquet}
+    files = []
+    for path in matching_files(pattern, name):
+        suffix = next((s for s in readers if path.name.endswith(s)), None)
+        if suffix is None:
+            raise UserError(f"{name}: {path} is not a file lm reads: use {', '.join(readers)} files (or a glob "
+                            "that leaves it out)")
+        files.append((path, readers[suffix]))
+    return lambda: (record for path, read in files for record in read(path, field))
+
+
+def read_text(path: pathlib.Path, field: str) -> Iterator[Record]:
+    """A .txt (or .txt.gz) file as one document."""
+    del field  # the whole file is the text
+    try:
+        data = gzip.decompress(path.read_bytes()) if path.name.endswith(".gz") else path.read_bytes()
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        yield str(path), Bad(f"is not UTF-8 text ({e.reason} at byte {e.start})")
+    except (OSError, EOFError, zlib.error) as e:
+        yield str(path), Bad(f"cannot be read ({type(e).__name__}: {e})")
+    else:
+        yield str(path), text if text.strip() else Bad("is empty")
+
+
+def read_jsonl(path: pathlib.Path, field: str) -> Iterator[Record]:
+    """A JSON object a line (gzipped for .jsonl.gz), the document its field; blank lines are skipped. A
+    file that cannot be read from some line on (corrupt gzip) is bad from that line."""
+    records, number = 0, 0
+    try:
+        with (gzip.open if path.name.endswith(".gz") else open)(path, "rb") as lines:
+            for number, line in enumerate(lines, 1):
+                if line.strip():
+                    records += 1
+                    yield f"{path} line {number}", json_text(line, field)
+    except (OSError, EOFError, zlib.error) as e:
+        yield f"{path} line {number + 1}", Bad(f"cannot be read ({type(e).__name__}: {e})")
+        return
+    if not records:
+        yield str(path), Bad("is empty: no JSON lines")
+
+
+def json_text(line: bytes, field: str) -> "str | Bad":
+    try:
+        record = json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        return Bad(f"is not UTF-8 text ({e.reason} at byte {e.start} of the line)")
+    except json.JSONDecodeError as e:
+        return Bad(f"is not valid JSON ({e.msg} at column {e.colno})")
+    if not isinstance(record, dict):
+        return Bad(f"is a JSON {type(record).__name__}, not an object with a field {field!r}")
+    return field_text(record, field)
+
+
+def read_parquet(path: pathlib.Path, field: str) -> Iterator[Record]:
+    """The field column of a parquet file, read a row group at a time. A file that cannot be read (or a
+    row group: the rest of the file) or that lacks the column is bad as a whole."""
+    import pyarrow
+    import pyarrow.parquet
+
+    unreadable = (pyarrow.ArrowException, OSError, ValueError)
+    try:
+        parquet = pyarrow.parquet.ParquetFile(path)
+    except unreadable as e:
+        yield str(path), Bad(f"cannot be read as parquet ({type(e).__name__}: {e})")
+        return
+    columns = parquet.schema_arrow.names
+    if field not in columns:
+        yield str(path), Bad(f"has no column {field!r} (its columns: {', '.join(columns)[:200]}): set "
+                             "--config.data.text_field")
+        return
+    if parquet.metadata.num_rows == 0:
+        yield str(path), Bad("is empty: no rows")
+        return
+    row = 0
+    for group in range(parquet.num_row_groups):
+        try:
+            values = parquet.read_row_group(group, columns=[field]).column(0).to_pylist()
+        except unreadable as e:
+            yield f"{path} row group {group}", Bad(f"cannot be read as parquet ({type(e).__name__}: {e})")
+            return
+        for value in values:
+            yield f"{path} row {row}", field_text({field: value}, field)
+            row += 1
+
+
+# --- tfds:NAME[/CONFIG][:SPLIT] ----------------------------------------------------------------------
+
+
+def open_tfds(rest: str, field: str, name: str) -> Callable[[], Iterator[Record]]:
+    import tensorflow_datasets as tfds
+
+    dataset, _, split = rest.partition(":")
+    split = split or "train"
+    data_dir = os.environ.get("TFDS_DATA_DIR") or os.path.expanduser("~/tensorflow_datasets")
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity(logging.ERROR)  # not its warning that a version folder lacks files: the error says so
+    try:
+        builder = tfds.builder(dataset, data_dir=data_dir)
+        prepared = builder.is_prepared()
+    except tfds.core.registered.DatasetNotFoundError:
+        raise UserError(f"{name}: tensorflow-datasets has no dataset {dataset!r} (its catalogue: "
+                        "https://www.tensorflow.org/datasets/catalog)") from None
+    finally:
+        logging.set_verbosity(verbosity)
+    prepare = (f"prepare it once where a network is: tfds build {dataset} --data_dir={data_dir} "
+               "--file_format=array_record, or set TFDS_DATA_DIR to the folder that holds it")
+    if not prepared:
+        raise UserError(f"{name}: the TFDS dataset {dataset} is not prepared in {data_dir}: {prepare}")
+    features = list(builder.info.features.keys())
+    if field not in features:
+        raise UserError(f"{name}: the TFDS dataset {dataset} has no feature {field!r} (its features: "
+                        f"{', '.join(features)}): set --config.data.text_field")
+    try:
+        source = builder.as_data_source(split=split)
+    except NotImplementedError:  # prepared as TFRecord, which has no random access
+        raise UserError(f"{name}: {builder.data_dir} holds TFRecord files, which tfds.data_source cannot read: "
+                        f"prepare it again with --file_format=array_record ({prepare})") from None
+    except (KeyError, ValueError) as e:
+        raise UserError(f"{name}: the TFDS dataset {dataset} has no split {split!r} ({e}); its splits: "
+                        f"{', '.join(builder.info.splits)}") from None
+
+    def records() -> Iterator[Record]:
+        where = f"{builder.data_dir} {split}"
+        if not len(source):
+            yield where, Bad("is empty: no records")
+        for start in range(0, len(source), TFDS_CHUNK):
+            chunk = source.__getitems__(list(range(start, min(start + TFDS_CHUNK, len(source)))))
+            for index, record in enumerate(chunk, start):
+                yield f"{where} record {index}", field_text(record, field)
+
+    return records
+
+
+# --- hf:NAME_OR_DIR[:CONFIG][:SPLIT] -----------------------------------------------------------------
+
+
+def open_hf(rest: str, field: str, name: str) -> Callable[[], Iterator[Record]]:
+    """A saved dataset folder (load_from_disk), other local data (load_dataset of its files) or a Hub
+    dataset, streamed; the library's errors become UserErrors naming the source."""
+    try:
+        import datasets
+    except ImportError:
+        raise UserError(f"{name}: reading Hugging Face datasets needs the datasets library: {HF_INSTALL}") from None
+    parts = rest.split(":")
+    if len(parts) > 3:
+        raise UserError(f"{name}: use hf:NAME_OR_DIR[:CONFIG][:SPLIT]")
+    dataset, config, split = parts + [""] * (3 - len(parts))
+    split = split or "train"
+    local = pathlib.Path(dataset).expanduser()
+    data_dir = os.environ.get(DATA_DIR_ENV)
+    if not local.exists() and not local.is_absolute() and data_dir and (pathlib.Path(data_dir) / local).exists():
+        local = pathlib.Path(data_dir) / local
+    try:
+        if (local / "state.json").is_file() or (local / "dataset_dict.json").is_file():  # save_to_disk's
+            loaded = datasets.load_from_disk(str(local))
+            if isinstance(loaded, datasets.DatasetDict):
+                if split not in loaded:
+                    raise UserError(f"{name}: {local} has no split {split!r}; its splits: {', '.join(loaded)}")
+                loaded = loaded[split]
+            where = str(local)
+        elif local.exists():
+            loaded, where = datasets.load_dataset(str(local), config or None, split=split), str(local)
+        elif offline := next((env for env in HF_OFFLINE_ENVS if os.environ.get(env)), None):
+            raise UserError(f"{name}: {dataset} is no local folder, and reading it from the Hugging Face Hub needs "
+                            f"the network, which ${offline} turns off: unset it where a network is, or give a "
+                            "folder that save_to_disk wrote (or of data files)")
+        else:
+            loaded = datasets.load_dataset(dataset, config or None, split=split, streaming=True)
+            where = f"{dataset} (the Hub)"
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001 (the library raises many kinds: ConnectionError, DatasetNotFoundError, ...)
+        raise UserError(f"{name}: the datasets library cannot load it ({hf_reason(e)})") from None
+    features = getattr(loaded, "features", None)
+    if features is not None and field not in features:
+        raise UserError(f"{name}: it has no field {field!r} (its fields: {', '.join(features)}): set "
+                        "--config.data.text_field")
+
+    def records() -> Iterator[Record]:
+        index = -1
+        try:
+            for index, record in enumerate(loaded):
+                yield f"{where} {split} record {index}", field_text(record, field)
+        except Exception as e:  # noqa: BLE001 (a stream can fail at any record: the network, a bad shard)
+            raise UserError(f"{name}: the datasets library cannot read {where} {split} record {index + 1} "
+                            f"({hf_reason(e)})") from None
+        if index < 0:
+            yield f"{where} {split}", Bad("is empty: no records")
+
+    return records
+
+
+def hf_reason(e: Exception) -> str:
+    """The library's error and its cause (e.g. which row of a data file the JSON parser failed at) in a
+    line; a network error says that it needs the network."""
+    causes, cause = [], e
+    while cause is not None and len(causes) < 2:
+        causes.append(f"{type(cause).__name__}: {' '.join(str(cause).split())[:200]}")
+        cause = cause.__cause__ or cause.__context__
+    reason = "; ".join(causes)
+    if isinstance(e, ConnectionError):
+        return f"{reason}; the Hugging Face Hub cannot be reached: run where a network is, or give a local folder"
+    return reason

@@ -1,0 +1,337 @@
+"""Document sources (lm/data/sources.py) on fixtures made from Tiny Shakespeare's paragraphs: every files:
+format, a TFDS dataset prepared in the test, the datasets library on local files; bad input as one line
+naming the source, the file and the record, or skipped and counted; the processes' shares of the
+documents; the language model's packed pipeline resuming at any step byte for byte; and a GPT trained on a
+files: jsonl source packed by document."""
+
+import gzip
+import itertools
+import json
+import sys
+
+import jax
+import numpy as np
+import pyarrow
+import pyarrow.parquet
+import pytest
+
+from lm.data.bpe import BPETokenizer
+from lm.data.sources import Source, shard_documents
+from lm.errors import UserError, run_user_errors
+
+VOCAB = 300  # the byte-level BPE trained on the fixture's paragraphs
+
+
+@pytest.fixture(scope="module")
+def paragraphs(data_dir) -> list[str]:
+    """The first 300 paragraphs of Tiny Shakespeare (a speaker's name and lines), the documents here."""
+    text = (data_dir / "tinyshakespeare" / "input.txt").read_text()
+    return [p for p in text.split("\n\n") if p.strip()][:300]
+
+
+def write_jsonl(path, records, opener=open) -> None:
+    with opener(path, "wt") as f:
+        f.writelines(json.dumps(record) + "\n" for record in records)
+
+
+def write_parquet(path, texts, column="text", row_group_size=None) -> None:
+    pyarrow.parquet.write_table(pyarrow.table({column: texts}), path, row_group_size=row_group_size)
+
+
+def texts(source) -> list[str]:
+    return [text for _, text in source]
+
+
+def test_files_read_every_format_in_sorted_order(tmp_path, paragraphs, monkeypatch):
+    """.txt (a file a document), .jsonl, .jsonl.gz (blank lines skipped) and .parquet (a row group at a time),
+    sorted by path; each document with its file and record; a relative glob found under $LM_DATA_DIR."""
+    folder = tmp_path / "corpus"
+    (folder / "b").mkdir(parents=True)
+    (folder / "a.txt").write_text(paragraphs[0])
+    write_jsonl(folder / "b" / "c.jsonl", [{"text": p, "id": i} for i, p in enumerate(paragraphs[1:4])])
+    with (folder / "b" / "c.jsonl").open("a") as f:
+        f.write("\n")
+    write_jsonl(folder / "d.jsonl.gz", [{"text": p} for p in paragraphs[4:6]], opener=gzip.open)
+    write_parquet(folder / "e.parquet", paragraphs[6:11], row_group_size=2)
+
+    monkeypatch.setenv("LM_DATA_DIR", str(tmp_path))
+    monkeypatch.chdir(tmp_path / "corpus" / "b")  # nothing matches here: the glob is read under $LM_DATA_DIR
+    documents = list(Source("files:corpus/**/*"))
+    assert [text for _, text in documents] == paragraphs[:11]
+    assert [where.removeprefix(str(folder) + "/") for where, _ in documents] == [
+        "a.txt", "b/c.jsonl line 1", "b/c.jsonl line 2", "b/c.jsonl line 3", "d.jsonl.gz line 1",
+        "d.jsonl.gz line 2", *[f"e.parquet row {i}" for i in range(5)]]
+    assert texts(Source(f"files:{folder}/b/*.jsonl")) == paragraphs[1:4]  # absolute
+
+
+# --- bad input -----------------------------------------------------------------------------------------
+
+
+def corrupt_gzip(path) -> None:
+    write_jsonl(path, [{"text": np.random.default_rng(0).bytes(2000).hex()}], opener=gzip.open)
+    path.write_bytes(path.read_bytes()[:300])  # cut short within its first line
+
+
+BAD_FILES = {  # name: (write the bad file, what its bad record is called, fragments of the message)
+    "a field missing": (lambda p: write_jsonl(p / "x.jsonl", [{"text": "ok"}, {"title": "t"}, {"text": "ok"}]),
+                        "x.jsonl line 2", "has no field 'text' (its fields: title)"),
+    "a number": (lambda p: write_jsonl(p / "x.jsonl", [{"text": "ok"}, {"text": 3}]),
+                 "x.jsonl line 2", "field 'text' is int, not a string"),
+    "a corrupt line": (lambda p: (p / "x.jsonl").write_text('{"text": "ok"}\n{"text": "cut\n'),
+                       "x.jsonl line 2", "is not valid JSON"),
+    "a JSON list": (lambda p: (p / "x.jsonl").write_text('{"text": "ok"}\n["text"]\n'),
+                    "x.jsonl line 2", "is a JSON list, not an object"),
+    "invalid UTF-8 in jsonl": (lambda p: (p / "x.jsonl").write_bytes(b'{"text": "ok"}\n{"text": "\xff"}\n'),
+                               "x.jsonl line 2", "is not UTF-8 text (invalid start byte at byte 10"),
+    "invalid UTF-8 text": (lambda p: (p / "x.txt").write_bytes("fine é".encode("latin-1")),
+                           "x.txt", "is not UTF-8 text"),
+    "an empty text": (lambda p: (p / "x.txt").write_text(" \n"), "x.txt", "is empty"),
+    "an empty jsonl": (lambda p: (p / "x.jsonl").write_text("\n"), "x.jsonl", "is empty: no JSON lines"),
+    "a cut gzip": (lambda p: corrupt_gzip(p / "x.jsonl.gz"), "x.jsonl.gz line 1", "cannot be read (EOFError"),
+    "a corrupt parquet": (lambda p: (p / "x.parquet").write_bytes(b"PAR1 not parquet"), "x.parquet",
+                          "cannot be read as parquet"),
+    "a null in parquet": (lambda p: write_parquet(p / "x.parquet", ["ok", None, "ok"]), "x.parquet row 1",
+                          "field 'text' is null"),
+    "no parquet column": (lambda p: write_parquet(p / "x.parquet", ["ok"], column="body"), "x.parquet",
+                          "has no column 'text' (its columns: body)"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_FILES)
+def test_a_bad_record_is_one_line_naming_the_source_file_and_record_or_is_skipped(case, tmp_path, capsys):
+    """Beside good.jsonl, a file with a bad record: one UserError line naming the source, the file and the
+    record; with skip_bad_records, every good document and a warning counting the one skipped."""
+    write, where, problem = BAD_FILES[case]
+    write_jsonl(tmp_path / "good.jsonl", [{"text": "one"}, {"text": "two"}])
+    write(tmp_path)
+    spec = f"files:{tmp_path}/*"
+    with pytest.raises(UserError) as error:
+        list(Source(spec, option="data.source"))
+    message = str(error.value)
+    assert "\n" not in message and message.startswith(f"data.source={spec}: {tmp_path}/{where}"), message
+    assert problem in message and "skip_bad_records=True" in message
+    source = Source(spec, skip_bad_records=True, option="data.source")
+    documents = texts(source)
+    assert documents[:2] == ["one", "two"] and set(documents[2:]) <= {"ok"} and source.skipped == 1
+    warning = capsys.readouterr().err
+    assert warning.startswith(f"warning: skipped 1 bad records of data.source={spec} (the first: {tmp_path}/{where}: ")
+    assert problem in warning and warning.endswith(")\n") and warning.count("\n") == 1
+
+
+@pytest.mark.parametrize("spec, fragments", [
+    ("corpus.jsonl", ["data.source=corpus.jsonl: use files:GLOB, tfds:"]),
+    ("files:{tmp}/*.jsonl", ["no file matches", "*.jsonl"]),
+    ("files:{tmp}/*", ["notes.md is not a file lm reads: use .txt, .txt.gz, .jsonl"]),
+    ("tfds:no_such_dataset_zz", ["tensorflow-datasets has no dataset 'no_such_dataset_zz'"]),
+    ("tfds:lm1b:train", ["the TFDS dataset lm1b is not prepared in {tmp}/tfds", "tfds build lm1b"]),
+    ("hf:HuggingFaceFW/fineweb-edu:sample-10BT", ["is no local folder", "needs the network, which $LM_OFFLINE"]),
+])
+def test_a_source_that_cannot_be_opened_is_one_line(spec, fragments, tmp_path, monkeypatch):
+    (tmp_path / "notes.md").write_text("notes")
+    monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "tfds"))
+    monkeypatch.setenv("LM_DATA_DIR", str(tmp_path))
+    spec = spec.format(tmp=tmp_path)
+    with pytest.raises(UserError) as error:
+        Source(spec, option="data.source")
+    assert "\n" not in str(error.value) and str(error.value).startswith(f"data.source={spec}: ")
+    for fragment in fragments:
+        assert fragment.format(tmp=tmp_path) in str(error.value)
+
+
+def test_without_the_datasets_library_hf_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets: ImportError
+    with pytest.raises(UserError, match=r"^source=hf:x: .* needs the datasets library: pip install -e \"\.\[hf\]\""):
+        Source("hf:x")
+
+
+# --- TFDS and Hugging Face datasets ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tfds_builder(paragraphs):
+    """A TFDS builder of paragraphs 0-19 (train) and 20-24 (test), registered once as shakespeare_paragraphs."""
+    import tensorflow_datasets as tfds
+
+    class ShakespeareParagraphs(tfds.core.GeneratorBasedBuilder):
+        VERSION = tfds.core.Version("1.0.0")
+
+        def _info(self):
+            features = tfds.features.FeaturesDict({"text": tfds.features.Text()})
+            return tfds.core.DatasetInfo(builder=self, features=features)
+
+        def _split_generators(self, dl_manager):
+            return {"train": self._generate_examples(0, 20), "test": self._generate_examples(20, 25)}
+
+        def _generate_examples(self, start, stop):
+            for i in range(start, stop):
+                yield i, {"text": paragraphs[i]}
+
+    return ShakespeareParagraphs
+
+
+def test_tfds_reads_a_prepared_dataset_in_a_fixed_order(tfds_builder, paragraphs, tmp_path, monkeypatch):
+    """TFDS_DATA_DIR honoured; the records in index order (TFDS's own shuffle of the prepared files), every
+    one once; a split and a slice of one."""
+    monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path))
+    tfds_builder(data_dir=str(tmp_path), file_format="array_record").download_and_prepare()
+    documents = list(Source("tfds:shakespeare_paragraphs"))
+    assert sorted(text for _, text in documents) == sorted(paragraphs[:20])
+    assert documents[3][0] == f"{tmp_path}/shakespeare_paragraphs/1.0.0 train record 3"
+    assert documents == list(Source("tfds:shakespeare_paragraphs:train"))  # the same order every time
+    assert sorted(texts(Source("tfds:shakespeare_paragraphs:test"))) == sorted(paragraphs[20:25])
+    assert texts(Source("tfds:shakespeare_paragraphs:train[:50%]")) == texts(documents[:10])
+    with pytest.raises(UserError, match="has no feature 'body' .*its features: text"):
+        Source("tfds:shakespeare_paragraphs", text_field="body")
+
+
+def test_hf_reads_local_data_files_and_a_saved_dataset(paragraphs, tmp_path, monkeypatch):
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    write_jsonl(folder / "train.jsonl", [{"text": p} for p in paragraphs[:6]])
+    documents = list(Source(f"hf:{folder}"))
+    assert [text for _, text in documents] == paragraphs[:6] and documents[2][0] == f"{folder} train record 2"
+    datasets.Dataset.from_dict({"text": paragraphs[:3], "n": [1, 2, 3]}).save_to_disk(tmp_path / "saved")
+    assert texts(Source(f"hf:{tmp_path}/saved")) == paragraphs[:3]
+    with pytest.raises(UserError, match=r"has no field 'body' \(its fields: text, n\)"):
+        Source(f"hf:{tmp_path}/saved", text_field="body")
+    (folder / "train.jsonl").write_text('{"text": "a"}\n{"text": "cut\n')  # the library parses the files as it loads
+    with pytest.raises(UserError, match=r"^source=hf:\S+: the datasets library cannot load it \(.*JSON parse.*row 1"):
+        Source(f"hf:{folder}")
+
+
+# --- sharding over processes -----------------------------------------------------------------------------
+
+
+def test_processes_read_disjoint_documents_that_cover_the_source_once(tmp_path, paragraphs):
+    write_jsonl(tmp_path / "a.jsonl", [{"text": p} for p in paragraphs[:7]])
+    write_jsonl(tmp_path / "b.jsonl", [{"text": p} for p in paragraphs[7:11]])
+    documents = list(Source(f"files:{tmp_path}/*.jsonl"))
+    for count in (1, 2, 3):
+        shares = [list(shard_documents(Source(f"files:{tmp_path}/*.jsonl"), index, count)) for index in range(count)]
+        assert shares == [documents[index::count] for index in range(count)]  # document i: process i % count
+        places = [where for share in shares for where, _ in share]
+        assert sorted(places) == sorted(where for where, _ in documents) and len(set(places)) == len(documents)
+    with pytest.raises(ValueError):
+        shard_documents(documents, 2, 2)
+
+
+# --- the language model on a source ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def corpus(paragraphs, tmp_path_factory):
+    """paragraphs as jsonl (two files) and a BPE of VOCAB ids trained on them: (folder, tokenizer.json)."""
+    folder = tmp_path_factory.mktemp("corpus")
+    write_jsonl(folder / "a.jsonl", [{"text": p} for p in paragraphs[:150]])
+    write_jsonl(folder / "b.jsonl", [{"text": p} for p in paragraphs[150:]])
+    BPETokenizer.train(paragraphs, VOCAB).save(folder / "tokenizer.json")
+    return folder, folder / "tokenizer.json"
+
+
+def source_config(corpus, **data):
+    """The Shakespeare test config (2 layers, 32 wide, context 16) on the corpus's jsonl, packed by document."""
+    from configs import base
+    from configs.gpt_shakespeare import get_config
+
+    folder, tokenizer = corpus
+    config = get_config("test")
+    config.data = base.token_file_data()
+    config.data.update({"dataset": "source", "source": f"files:{folder}/*.jsonl", "tokenizer": str(tokenizer),
+                        "vocab_size": VOCAB, "context_length": 16, "val_fraction": 0.05, **data})
+    config.sample.max_new_tokens = 0
+    config.eval.context_lengths = (16,)  # results.json: the val loss at the training length
+    return config
+
+
+def test_documents_are_tokenised_once_and_split_into_train_and_val(corpus, paragraphs, tmp_path, capsys):
+    """Each document's ids then end-of-text; the last 5% of them for validation; packed rows holding every
+    training token; concat: the same ids as one stream. A resumed run reads them from its data cache."""
+    from experiments.language_model import build
+
+    tokenizer = BPETokenizer.load(corpus[1])
+    expected = [np.append(tokenizer.encode(p), tokenizer.end_of_text_id) for p in paragraphs]
+    built = build(source_config(corpus), tmp_path)
+    assert "data.source: 285 documents packed into" in capsys.readouterr().out  # 15 held out
+    assert [d.tolist() for d in built.val_documents] == [d.tolist() for d in expected[285:]]
+    rows = built.train_rows
+    assert np.sort(rows.tokens[rows.segment_ids > 0]).tolist() == np.sort(np.concatenate(expected[:285])).tolist()
+    concat = build(source_config(corpus, packing="concat"))
+    assert concat.train_tokens.tolist() == np.concatenate(expected[:285]).tolist()
+    assert concat.val_tokens.dtype == np.int32 and len(concat.val_windows(16)) == 2
+
+    built.save_assets(tmp_path)  # the data cache, as the trainer writes it
+    (corpus[0] / "b.jsonl").rename(tmp_path / "moved.jsonl")  # not read again
+    try:
+        resumed = build(source_config(corpus), tmp_path)
+    finally:
+        (tmp_path / "moved.jsonl").rename(corpus[0] / "b.jsonl")
+    assert "documents: " in capsys.readouterr().out  # "documents: <cache file>, cached by an earlier run"
+    np.testing.assert_array_equal(resumed.train_rows.tokens, rows.tokens)
+
+    (tmp_path / "few").mkdir()
+    (tmp_path / "few" / "a.txt").write_text("a single document")
+    (tmp_path / "few" / "b.txt").write_text("")
+    with pytest.raises(UserError, match="has a single document: too few to hold some out for validation"):
+        build(source_config(corpus, source=f"files:{tmp_path}/few/*", skip_bad_records=True))
+    with pytest.raises(UserError, match=r"few/b.txt gives no documents: all 1 of its records are bad"):
+        build(source_config(corpus, source=f"files:{tmp_path}/few/b.txt", skip_bad_records=True))
+
+
+def test_the_batch_at_any_step_is_the_same_whether_resumed_there_or_reached_byte_for_byte(corpus):
+    """Global batch s of a pipeline built afresh and started at s (a resumed run) equals the one reached by
+    iterating from step 0, byte for byte, with one process and with two (whose rows make up the global batch);
+    step 220 is past the first epoch, of 1,710 rows."""
+    from experiments.language_model import build
+
+    first, fresh = build(source_config(corpus)), build(source_config(corpus))
+    step, batch_size = 220, 8
+    batches = list(itertools.islice(first.train_data(batch_size, 7, (0, 1), 0), step + 1))
+    whole = batches[step]
+    for count in (1, 2):
+        shares = []
+        for index in range(count):
+            reached = list(itertools.islice(first.train_data(batch_size // count, 7, (index, count), 0), step + 1))
+            resumed = next(iter(fresh.train_data(batch_size // count, 7, (index, count), step)))
+            assert resumed.keys() == {"inputs", "targets", "segment_ids", "positions", "weights"}
+            for key, value in resumed.items():
+                assert value.tobytes() == reached[step][key].tobytes() and value.dtype == reached[step][key].dtype
+            shares.append(resumed)
+        for key, value in whole.items():
+            assert np.concatenate([share[key] for share in shares]).tobytes() == value.tobytes()
+    assert any(batch["segment_ids"].max() > 1 for batch in batches)  # rows that hold several documents
+
+
+def test_a_bad_record_stops_lm_train_before_anything_is_written(corpus, tmp_path, capsys):
+    from lm.cli.resolve import build_experiment
+    from lm.train.loop import train
+
+    (tmp_path / "data").mkdir()
+    write_jsonl(tmp_path / "data" / "a.jsonl", [{"text": "ok"}, {"body": "no text"}])
+    config = source_config(corpus, source=f"files:{tmp_path}/data/*.jsonl")
+    with pytest.raises(SystemExit) as exit_code:
+        run_user_errors(lambda: train(config, str(tmp_path / "run"), build_experiment, jax.devices()[:1]))
+    assert exit_code.value.code == 2 and not (tmp_path / "run").exists()
+    assert capsys.readouterr().err == (f"error: data.source=files:{tmp_path}/data/*.jsonl: {tmp_path}/data/a.jsonl "
+                                       "line 2: has no field 'text' (its fields: body): set --config.data.text_field; "
+                                       "fix or remove it, or pass --config.data.skip_bad_records=True to skip such "
+                                       "records\n")
+
+
+def test_a_gpt_trains_on_a_jsonl_source_packed_by_document(corpus, tmp_path, capsys):
+    from lm.cli.resolve import build_experiment
+    from lm.train.loop import train
+
+    config = source_config(corpus)
+    config.train.update(num_steps=12, log_every=4, checkpoint_every=12)
+    config.eval.every = 0  # the val loss after the last step only
+    summary = train(config, str(tmp_path), build_experiment, devices=jax.devices()[:1])
+    assert "% padding" in capsys.readouterr().out
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+              if "loss" in json.loads(line)]
+    assert np.all(np.isfinite(losses)) and losses[-1] < losses[0] - 0.3, losses  # from ln(300) = 5.7
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["step"] == summary["step"] == 12 and results["val_cross_entropy_ctx16"] < np.log(VOCAB) - 0.3
+    assert (tmp_path / "tokenizer.json").is_file() and list((tmp_path / "data_cache").glob("documents-*.pkl"))
