@@ -217,20 +217,19 @@ ENOSPC = "No space left on device"
 
 # Each place lm train writes to, when the write fails: (the fault, the step of the newest checkpoint left
 # (None: removed), fragments of the message; {w} is the workdir). The run resumes from step 40 to 50.
-# (results.json is written as config.json and summary.json are: lm.runs.write_json.)
+# (results.json and summary.json are written as config.json is, lm.runs.write_json; the log truncated on
+# resume through the same lm.runs.writing as samples.txt and metrics.jsonl.)
 WRITE_FAULTS = {
     "config.json": (full("config.json.partial"), 40, [f"writing {{w}}/config.json failed ({ENOSPC})",
                                                       "free some space on the disk of {w}"]),
     "tokenizer (a library's error)": (raising(CharTokenizer, "save", Exception(f"{ENOSPC} (os error 28)")), 40,
                                       [f"writing in {{w}} failed ({ENOSPC})"]),
-    "log truncated on resume": (full("metrics.tmp"), 40, [f"writing {{w}}/metrics.jsonl failed ({ENOSPC})"]),
     "tensorboard (read-only)": (raising(EventsWriter, "flush", OSError(errno.EROFS, os.strerror(errno.EROFS))), 40,
                                 ["writing {w}/tensorboard failed (Read-only file system)", "make {w} writable"]),
     "checkpoint": (raising(ocp.CheckpointManager, "save", OSError(errno.ENOSPC, ENOSPC)), 40,
                    [f"writing a checkpoint in {{w}}/checkpoints failed ({ENOSPC})"]),
     # after the last save: the error waits for it to finish and names it
     "samples.txt": (full("samples.txt"), 50, [f"writing {{w}}/samples.txt failed ({ENOSPC})"]),
-    "summary.json": (full("summary.json.partial"), 50, [f"writing {{w}}/summary.json failed ({ENOSPC})"]),
     "workdir removed": (removed_at(45), None, ["{w} was removed during the run: writing {w}/metrics.jsonl failed",
                                                "no checkpoint is left in {w}/checkpoints: restore {w}"]),
 }
@@ -249,7 +248,7 @@ def test_a_failed_write_is_one_line_naming_the_intact_checkpoint(run_copy, capsy
     assert_user_error(result, *[fragment.format(w=workdir) for fragment in fragments], then)
     if step:
         assert finished_steps(workdir / "checkpoints")[-1] == step
-        params = restore_params(config, build_experiment(config), workdir, step=step)
+        params = restore_params(config, build_experiment(config, workdir), workdir, step=step)  # (its data cache)
         assert all(np.isfinite(np.asarray(p)).all() for p in jax.tree.leaves(params))
 
 
