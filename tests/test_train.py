@@ -1,5 +1,6 @@
 """The trainer end to end on the real Tiny Shakespeare data, with the `test` config."""
 
+import functools
 import json
 import types
 
@@ -70,34 +71,6 @@ def test_a_run_prints_its_first_step_at_once_and_the_progress_of_long_eval_passe
     assert sorted(logged(tmp_path)) == [4, 6, 8]
 
 
-def test_resume_is_exact(tmp_path, data_dir, test_config):
-    test_config.train.log_every = 1
-    device = jax.devices()[:1]
-    straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
-    train(test_config, str(straight), build_experiment, devices=device)
-    straight_config = test_config.copy_and_resolve_references()
-    # The interrupted run keeps its checkpoints outside its workdir (a bucket or Drive, say).
-    test_config.train.checkpoint_dir = str(tmp_path / "elsewhere")
-    test_config.optimizer.decay_steps = 20  # the straight run's schedule, explicit: it ends at step 20 ...
-    test_config.train.num_steps = 10  # ... while the run stops half way ...
-    test_config.train.prefetch = 0  # (and load each batch in the loop, not ahead: the same batches)
-    train(test_config, str(interrupted), build_experiment, devices=device)
-    test_config.train.num_steps = 20  # ... and rerun the same command to finish
-    test_config.train.prefetch = straight_config.train.prefetch
-    train(test_config, str(interrupted), build_experiment, devices=device)
-
-    assert straight_config.train.prefetch == 2  # the default: batches loaded ahead by a thread
-    assert logged(straight) == logged(interrupted)  # the same batches, dropout keys and updates
-    assert sorted(p.name for p in (tmp_path / "elsewhere").iterdir()) == ["10", "20"]
-    assert not (interrupted / "checkpoints").exists()
-    for a, b in zip(
-        jax.tree.leaves(restore_params(straight_config, build_experiment(test_config), straight)),
-        jax.tree.leaves(restore_params(test_config, build_experiment(test_config), interrupted)),
-        strict=True,
-    ):
-        np.testing.assert_array_equal(a, b)
-
-
 @pytest.mark.slow
 def test_sharded_8_device_mesh_matches_one_device(tmp_path, data_dir, test_config):
     assert jax.device_count() == 8
@@ -161,11 +134,11 @@ def test_val_loss_at_a_longer_context_scores_windows_of_that_length(data_dir, te
         test_config.model.position = position
         experiment = build(test_config)
         params = experiment.init(jax.random.key(0))["params"]
-        seen = []
+        seen, jitted = [], jax.jit(functools.partial(experiment.loss, train=False))
 
-        def evaluate(batches, experiment=experiment, params=params, seen=seen):
+        def evaluate(batches, loss=jitted, params=params, seen=seen):
             seen.extend(b["inputs"].shape for b in batches)
-            losses = [experiment.loss(params, b, jax.random.key(0), train=False)[1]["cross_entropy"] for b in batches]
+            losses = [loss(params, b, jax.random.key(0))[1]["cross_entropy"] for b in batches]
             return {"cross_entropy": float(np.mean(losses))}
 
         results = experiment.final_results(params, evaluate, workdir=None)
@@ -233,7 +206,10 @@ def test_ctrl_c_finishes_the_step_saves_and_the_rerun_resumes_exactly(tmp_path, 
     test_config.train.update(num_steps=100_000, log_every=1, checkpoint_every=100_000)
     test_config.optimizer.decay_steps = 20  # one schedule for the interrupted run and the straight one below
     test_config.eval.every = 100_000
-    workdir = tmp_path / "run"
+    workdir, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    # The interrupted run keeps its checkpoints outside its workdir (a bucket or Drive, say), and loads each
+    # batch in the loop (prefetch 0) where its rerun and the straight run load them ahead: the same batches.
+    test_config.train.update(checkpoint_dir=str(elsewhere), prefetch=0)
     handler_before = signal.getsignal(signal.SIGINT)  # pytest's, or SIG_IGN in a background job
 
     def interrupt_after_step_5():
@@ -245,11 +221,17 @@ def test_ctrl_c_finishes_the_step_saves_and_the_rerun_resumes_exactly(tmp_path, 
     with pytest.raises(Stopped, match="SIGINT: saved a checkpoint at step") as stopped:
         train(test_config, str(workdir), build_experiment, devices=jax.devices()[:1])
     saved = stopped.value.step
-    assert saved >= 5 and [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()] == [saved]
+    assert saved >= 5 and [int(p.name) for p in elsewhere.iterdir() if p.name.isdigit()] == [saved]
     assert signal.getsignal(signal.SIGINT) is handler_before  # pytest's Ctrl-C works again
 
-    test_config.train.num_steps = saved + 3
+    test_config.train.update(num_steps=saved + 3, prefetch=2)
     train(test_config, str(workdir), build_experiment, devices=jax.devices()[:1])
+    assert not (workdir / "checkpoints").exists()
+    interrupted = test_config.copy_and_resolve_references()
     straight = tmp_path / "straight"
+    test_config.train.checkpoint_dir = ""
     train(test_config, str(straight), build_experiment, devices=jax.devices()[:1])
-    assert logged(workdir) == logged(straight)
+    assert logged(workdir) == logged(straight)  # the same batches, dropout keys and updates
+    for a, b in zip(jax.tree.leaves(restore_params(interrupted, build_experiment(test_config), workdir)),
+                    jax.tree.leaves(restore_params(test_config, build_experiment(test_config), straight)), strict=True):
+        np.testing.assert_array_equal(a, b)
