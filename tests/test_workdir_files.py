@@ -47,11 +47,11 @@ def train_again(capsys, config, workdir, num_steps):
         lambda: train(config, str(workdir), build_experiment, jax.devices()[:1])))
 
 
-@pytest.mark.parametrize("how", DAMAGES)
-@pytest.mark.parametrize("name, num_steps, fragments", [
-    ("config.json", 50, ("restore it from a copy", "run lm train on this folder again")),
-    ("summary.json", 50, ("delete it", "writes it again when it ends")),
-    ("results.json", 40, ("delete it", "final evaluation writes it again")),  # the finished run's check reads it
+@pytest.mark.parametrize("name, num_steps, fragments, how", [  # (each file with each damage: read_json alike)
+    ("config.json", 50, ("restore it from a copy", "run lm train on this folder again"), "garbage"),
+    ("config.json", 50, ("restore it from a copy", "run lm train on this folder again"), "not an object"),
+    ("summary.json", 50, ("delete it", "writes it again when it ends"), "cut short"),
+    ("results.json", 40, ("delete it", "final evaluation writes it again"), "cut short"),  # the finished run's check
 ])
 def test_a_damaged_json_file_stops_the_run_before_it_trains(run_copy, capsys, name, num_steps, fragments, how):  # noqa: F811
     config, _, workdir = run_copy
