@@ -44,13 +44,18 @@ def writing(path: pathlib.Path) -> Iterator[None]:
         raise OSError(e.errno, e.strerror, str(path)) from e
 
 
-def write_json(path: pathlib.Path, value: dict) -> None:
-    """Writes value as JSON into path, whole or not at all (a temporary file renamed over it): a run killed
-    meanwhile, or a failed write, leaves the old file."""
+def write_whole(path: pathlib.Path, text: str) -> None:
+    """Writes text into path, whole or not at all (a temporary file renamed over it): a run killed meanwhile,
+    or a failed write, leaves the old file."""
     partial = path.with_name(f"{path.name}.partial")
     with writing(path):
-        partial.write_text(json.dumps(value, indent=2))
+        partial.write_text(text)
     partial.replace(path)
+
+
+def write_json(path: pathlib.Path, value: dict) -> None:
+    """Writes value as JSON into path, whole or not at all (write_whole)."""
+    write_whole(path, json.dumps(value, indent=2))
 
 
 def read_json(path: pathlib.Path, remedy: str) -> dict:

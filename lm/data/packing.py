@@ -141,4 +141,5 @@ def eval_batches(rows: PackedRows, batch_size: int, num_batches: int, seed: int 
     """num_batches fixed batches of batch_size packed rows (examples): the rows in a seeded permutation,
     repeated as often as the batches need."""
     order = np.resize(np.random.default_rng(seed).permutation(len(rows.tokens)), (num_batches, batch_size))
-    return [ExampleRows(examples(rows), 0, batch_size)(indices) for indices in order]
+    chosen = ExampleRows(examples(rows), 0, batch_size)  # (the examples made once, for every batch)
+    return [chosen(indices) for indices in order]

@@ -151,7 +151,7 @@ class Checkpointer:
         '<step>.corrupt', kept for inspection), said in a warning once an earlier one restores, and
         the one before is tried. With none left (or only set-aside ones) it is a UserError too: a
         run starts again from step 0 only once the user has deleted the checkpoints."""
-        warnings = []
+        set_aside_warnings = []
         for step in sorted(self.manager.all_steps(), reverse=True):
             try:
                 restored = step, self.restore_checked(step, abstract_state)
@@ -164,9 +164,9 @@ class Checkpointer:
                     (self.manager.directory / str(step)).rename(aside)
                 multihost_utils.sync_global_devices(f"set aside checkpoint {step}")
                 self.manager.reload()
-                warnings.append(f"warning: {e}; moved it to {aside}")
+                set_aside_warnings.append(f"warning: {e}; moved it to {aside}")
                 continue
-            for warning in warnings:
+            for warning in set_aside_warnings:
                 print(f"{warning}; resuming from step {step}", file=sys.stderr)
             return restored
         set_aside = sorted(p.name for p in self.manager.directory.iterdir() if p.name.endswith(".corrupt")) \

@@ -13,7 +13,7 @@ from tensorboardX.event_file_writer import EventsWriter
 from tensorboardX.proto.event_pb2 import Event
 from tensorboardX.summary import scalar, text
 
-from lm.runs import METRICS_FILE, read_records, writing
+from lm.runs import METRICS_FILE, read_records, write_whole, writing
 
 TENSORBOARD_DIR = "tensorboard"  # in the workdir: TensorBoard's event files
 
@@ -35,10 +35,7 @@ def truncate_log(path: pathlib.Path, last_step: int) -> None:
         print(f"warning: {path}: skipped {damaged} damaged line{'s' * (damaged > 1)} (not a JSON record with "
               "a step); kept the others", file=sys.stderr)
     kept = [record for record in records if record["step"] <= last_step]
-    tmp = path.with_suffix(".tmp")
-    with writing(path):
-        tmp.write_text("".join(json.dumps(record) + "\n" for record in kept))
-    tmp.replace(path)  # a crash now leaves the old log or the new one, never half of one
+    write_whole(path, "".join(json.dumps(record) + "\n" for record in kept))  # the old log or the new, never half
 
 
 def drop_logs(workdir: pathlib.Path) -> None:
