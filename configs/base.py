@@ -60,7 +60,10 @@ def token_file_data() -> ml_collections.ConfigDict:
                        choices=("token_file", "synthetic", "source")),
         source=option("", "for dataset=source, the training documents: files:GLOB (.txt, .jsonl, .jsonl.gz, "
                           ".parquet), tfds:NAME[/CONFIG][:SPLIT] or hf:NAME_OR_DIR[:CONFIG][:SPLIT] (docs/data.md)"),
-        val_source=option("", "the validation documents, as source ('' = the last val_fraction of source's)"),
+        mixture=option("", "instead of source, several sources drawn by weight (shares of the rows): "
+                           "SPEC=WEIGHT,SPEC=WEIGHT,... (lm/data/mixture.py)"),
+        val_source=option("", "the validation documents, as source ('' = the last val_fraction of source's, or "
+                              "of each mixture source's)"),
         val_fraction=option(0.01, "without val_source, the share of source's documents (the last ones) held out "
                                   "for validation", bounds=Range(0, 1, low_open=True, high_open=True)),
         text_field=option("text", "the field of a record holding its document (jsonl, parquet, TFDS, Hugging Face)"),

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from lm.data import bpe, packing, run_cache, sources, text, tokens
+from lm.data import bpe, mixture, packing, run_cache, sources, text, tokens
 from lm.decode.generate import generate
 from lm.errors import UserError
 from lm.losses import masked_mean, moe_objective
@@ -23,7 +23,7 @@ from lm.train.experiment import Experiment
 TOKENIZER_FILE = "tokenizer.json"
 TOKEN_SOURCES = ("token_file", "synthetic")  # data.dataset values that give token ids (a tokenizer optional)
 SOURCE = "source"  # data.dataset: the documents of data.source, tokenised with data.tokenizer
-SOURCE_OPTIONS = ("source", "val_source", "val_fraction", "text_field", "skip_bad_records")  # what the documents are
+SOURCE_OPTIONS = ("source", "mixture", "val_source", "val_fraction", "text_field", "skip_bad_records")  # the documents
 GPT2_TOKENIZER = "gpt2"  # data.tokenizer: GPT-2's own (lm/data/bpe.py from_gpt2)
 ENCODE_BATCH = 4096  # documents a tokenizer call encodes (in parallel)
 TOKENIZER_FORMAT = "a tokenizer.json as lm prepare writes it"
@@ -51,20 +51,23 @@ class LanguageModel(Experiment):
         train_tokens: np.ndarray | None = None,
         val_tokens: np.ndarray | None = None,
         data_cache: run_cache.DataCache | None = None,
-        train_rows: packing.PackedRows | None = None,
-        val_documents: list[np.ndarray] | None = None,
+        train_rows: list[packing.PackedRows] | None = None,
+        val_documents: list[list[np.ndarray]] | None = None,
+        components: list[mixture.Component] | None = None,
     ):
         """tokenizer: the character vocabulary of a text corpus, a token file's or a source's (data.tokenizer),
         or None for token ids without one (whose vocabulary is data.vocab_size). train_tokens, val_tokens: (N,)
         ids (memory-mapped for a token file; None for synthetic ids, packed documents and sampling). Documents
-        packed by document instead: train_rows, their training rows, and val_documents, the validation
-        documents' ids (packed at each length evaluated)."""
+        packed by document instead: train_rows, the training rows of data.source (one) or of each of the
+        mixture's components, and val_documents, the validation documents' ids (packed at each length
+        evaluated): of data.val_source or data.source (one list), or of each component."""
         super().__init__(config, data_cache)
         self.tokenizer = tokenizer
         self.train_tokens = train_tokens
         self.val_tokens = val_tokens
         self.train_rows = train_rows
         self.val_documents = val_documents
+        self.components = components or []
         self.vocab_size = config.data.vocab_size if tokenizer is None else tokenizer.vocab_size
         self.model = GPT(gpt_config(config, self.vocab_size))
         self.units_per_example = config.data.context_length
@@ -86,14 +89,27 @@ class LanguageModel(Experiment):
         moe = self.model.config.transformer.moe
         aux_loss, moe_metrics = moe_objective(collections.get("moe", {}), moe.load_balance_weight,
                                               moe.router_z_weight)
-        return cross_entropy + aux_loss, {"cross_entropy": cross_entropy, **moe_metrics}
+        return cross_entropy + aux_loss, {"cross_entropy": cross_entropy, **moe_metrics, **self.source_shares(batch)}
+
+    def source_shares(self, batch) -> dict[str, jax.Array]:
+        """For a batch of a mixture (its rows' "source", (B,)): each component's share of the batch's tokens
+        (padding left out), 'share_source0', ...; empty otherwise."""
+        if "source" not in batch:
+            return {}
+        tokens = batch["segment_ids"] > 0  # (B, T)
+        total = jnp.maximum(tokens.sum(), 1)
+        return {f"share_source{j}": (tokens & (batch["source"][:, None] == j)).sum() / total
+                for j in range(len(self.components))}
 
     def train_data(self, batch_size: int, seed: int, shard: tuple[int, int], start_step: int):
         length, dataset = self.config.data.context_length, self.config.data.dataset
         if dataset == "synthetic":
             return tokens.SyntheticBatches(self.vocab_size, length, batch_size, seed, shard, start_step)
+        if self.components:
+            weights = [component.weight for component in self.components]
+            return mixture.MixtureBatches(self.train_rows, weights, batch_size, seed, shard, start_step)
         if self.train_rows is not None:
-            return packing.train_batches(self.train_rows, batch_size, seed, shard, start_step)
+            return packing.train_batches(self.train_rows[0], batch_size, seed, shard, start_step)
         if dataset == "token_file":
             return tokens.train_windows(
                 self.train_tokens, length, batch_size, seed, shard, start_step, self.vocab_size
@@ -110,7 +126,11 @@ class LanguageModel(Experiment):
         if dataset == "synthetic":
             return tokens.synthetic_eval(self.vocab_size, length, e.batch_size, e.num_batches)
         if self.val_documents is not None:
-            return packing.eval_batches(packing.pack_documents(self.val_documents, length), e.batch_size, e.num_batches)
+            rows = [packing.pack_documents(documents, length) for documents in self.val_documents]
+            if len(rows) == 1:
+                return packing.eval_batches(rows[0], e.batch_size, e.num_batches)
+            weights = [component.weight for component in self.components]  # each component's own, mixed
+            return list(itertools.islice(mixture.MixtureBatches(rows, weights, e.batch_size, seed=0), e.num_batches))
         if dataset == "token_file":
             return tokens.eval_windows(self.val_tokens, length, e.batch_size, e.num_batches, self.vocab_size)
         return text.eval_windows(self.val_tokens, length, e.batch_size, e.num_batches, seed=0)
@@ -160,6 +180,11 @@ class LanguageModel(Experiment):
                 continue
             batches = self.val_windows(length)
             results[f"val_cross_entropy_ctx{length}"] = evaluate(batches)["cross_entropy"]
+            if self.val_documents is not None and len(self.val_documents) > 1:  # each component's alone
+                for j, documents in enumerate(self.val_documents):
+                    rows = packing.pack_documents(documents, length)
+                    batches = packing.eval_batches(rows, e.batch_size, e.num_batches)
+                    results[f"val_cross_entropy_ctx{length}_source{j}"] = evaluate(batches)["cross_entropy"]
         return results
 
 
@@ -213,47 +238,63 @@ def text_ids(config: ml_collections.ConfigDict, workdir: pathlib.Path | None,
 
 
 def source_experiment(config: ml_collections.ConfigDict, workdir: pathlib.Path | None) -> LanguageModel:
-    """The language model on the documents of data.source (source_documents), tokenised with data.tokenizer:
-    packed by document into rows of context_length + 1 (data.packing=documents; the padding fraction is
-    printed), or concatenated into one stream of ids cut into windows as a token file is (concat)."""
+    """The language model on the documents of data.source, or of each source of data.mixture (source_documents),
+    tokenised with data.tokenizer: packed by document into rows of context_length + 1 (data.packing=documents;
+    the padding fraction is printed; a mixture's rows drawn from its sources by weight: lm/data/mixture.py), or
+    concatenated into one stream of ids cut into windows as a token file is (concat, data.source only)."""
     d = config.data
-    if not d.source:
-        raise UserError(f"data.dataset='source' needs data.source, the documents to train on: {sources.SPEC_FORMS}")
+    if bool(d.source) == bool(d.mixture):
+        raise UserError(f"data.dataset='source' needs the documents to train on: data.source (one of "
+                        f"{sources.SPEC_FORMS}) or data.mixture ({mixture.FORM}), not both")
+    components = mixture.parse_mixture(d.mixture) if d.mixture else []
+    if components and d.packing != "documents":
+        raise UserError(f"data.mixture draws whole packed rows from its sources: it needs data.packing=documents, "
+                        f"not {d.packing!r}")
     if not d.tokenizer:
         raise UserError(f"data.dataset='source' needs data.tokenizer, the tokenizer to encode the documents with: "
                         f"{GPT2_TOKENIZER} (GPT-2's own) or the path of {TOKENIZER_FORMAT}")
     tokenizer = token_file_tokenizer(d)
     encode_prompt(tokenizer, config.sample.prompt, "--config.sample.prompt")
     cache = run_cache.DataCache(workdir)
-    train, val = source_documents(d, tokenizer, cache)
+    specs = [(d.source, "data.source")] if d.source else [(c.spec, f"data.mixture's {c.spec}") for c in components]
+    train, val = source_documents(d, specs, tokenizer, cache)
     if d.packing == "concat":
-        return LanguageModel(config, tokenizer, train[0].astype(np.int32), val[0].astype(np.int32), data_cache=cache)
-    documents = unflatten(*train)
-    rows = packing.pack_documents(documents, d.context_length)
-    print(f"data.source: {len(documents)} documents packed into {len(rows.tokens)} rows of {d.context_length + 1} "
-          f"tokens, {packing.padding_fraction(rows):.2%} padding")
-    return LanguageModel(config, tokenizer, data_cache=cache, train_rows=rows, val_documents=unflatten(*val))
+        return LanguageModel(config, tokenizer, train[0][0].astype(np.int32), val[0][0].astype(np.int32),
+                             data_cache=cache)
+    rows = []
+    for j, (documents, (spec, option)) in enumerate(zip(train, specs, strict=True)):
+        rows.append(packing.pack_documents(unflatten(*documents), d.context_length))
+        named = f"data.mixture source{j} = {spec} ({components[j].weight:.3g})" if components else option
+        print(f"{named}: {len(documents[1]) - 1} documents packed into {len(rows[-1].tokens)} rows of "
+              f"{d.context_length + 1} tokens, {packing.padding_fraction(rows[-1]):.2%} padding")
+    return LanguageModel(config, tokenizer, data_cache=cache, train_rows=rows,
+                         val_documents=[unflatten(*documents) for documents in val], components=components)
 
 
 Flat = tuple[np.ndarray, np.ndarray]  # documents as (ids (N,), offsets (D + 1,)): i is ids[offsets[i]:offsets[i + 1]]
 
 
-def source_documents(data: ml_collections.ConfigDict, tokenizer: bpe.BPETokenizer,
-                     cache: run_cache.DataCache) -> tuple[Flat, Flat]:
-    """(train, val) documents, each its ids then the end-of-text id: data.source's, and data.val_source's or
-    else the last data.val_fraction of data.source's. Read and tokenised (encoded_documents), or for a resumed
-    run read from its data cache."""
+def source_documents(data: ml_collections.ConfigDict, specs: list[tuple[str, str]], tokenizer: bpe.BPETokenizer,
+                     cache: run_cache.DataCache) -> tuple[list[Flat], list[Flat]]:
+    """(train, val) documents, each its ids then the end-of-text id: of each of specs ((spec, the option naming
+    it) pairs: data.source or the mixture's sources), and for validation data.val_source's (one) or else the
+    last data.val_fraction of each spec's. Read and tokenised (encoded_documents), or for a resumed run read
+    from its data cache."""
     if tokenizer.end_of_text_id is None:
         raise UserError(f"data.tokenizer={data.tokenizer} has no {bpe.END_OF_TEXT} token to end each document "
                         f"with: give a tokenizer that has one ({TOKENIZER_FORMAT})")
     key = run_cache.digest({name: data[name] for name in SOURCE_OPTIONS}, tokenizer.tokenizer.to_str())
 
-    def read() -> dict[str, Flat]:
-        opened = [sources.Source(data[option], data.text_field, data.skip_bad_records, f"data.{option}")
-                  for option in ("source", "val_source") if data[option]]  # both opened before either is read
-        train, *val = [encoded_documents(source, tokenizer) for source in opened]
-        train, val = (train, val[0]) if val else held_out(train, data.val_fraction)
-        return {"train": train, "val": val}
+    def read() -> dict[str, list[Flat]]:
+        named = specs + ([(data.val_source, "data.val_source")] if data.val_source else [])
+        opened = [sources.Source(spec, data.text_field, data.skip_bad_records, option)
+                  for spec, option in named]  # all opened before any is read
+        encoded = [encoded_documents(source, tokenizer) for source in opened]
+        if data.val_source:
+            return {"train": encoded[:-1], "val": encoded[-1:]}
+        split = [held_out(documents, data.val_fraction, option)
+                 for documents, (_, option) in zip(encoded, specs, strict=True)]
+        return {"train": [train for train, _ in split], "val": [val for _, val in split]}
 
     documents = cache.get("documents", key, read)
     return documents["train"], documents["val"]
@@ -276,15 +317,20 @@ def encoded_documents(source: sources.Source, tokenizer: bpe.BPETokenizer) -> Fl
     return np.concatenate(pieces).astype(dtype), np.concatenate([[0], np.cumsum(lengths)])
 
 
-def held_out(documents: Flat, fraction: float) -> tuple[Flat, Flat]:
+def held_out(documents: Flat, fraction: float, option: str = "data.source") -> tuple[Flat, Flat]:
     """(train, val): the last max(1, floor(D * fraction)) of the D documents (fraction < 1) for validation,
-    the rest for training; a UserError for a single document."""
+    the rest for training. A single document (a corpus in one text file) is cut instead: its last
+    max(1, floor(n * fraction)) tokens are validation, the rest training, each a document; a UserError for a
+    single document of one token, named by option."""
     ids, offsets = documents
     count = len(offsets) - 1
+    if count == 1:
+        cut = len(ids) - max(1, int(len(ids) * fraction))
+        if cut < 1:
+            raise UserError(f"{option} has a single document of {len(ids)} token: too few to hold some out for "
+                            "validation and train on the rest; give more text, or data.val_source")
+        return (ids[:cut], np.array([0, cut])), (ids[cut:], np.array([0, len(ids) - cut]))
     cut = count - max(1, int(count * fraction))
-    if cut < 1:
-        raise UserError("data.source has a single document: too few to hold some out for validation and train on "
-                        "the rest; give more documents, or data.val_source")
     start = offsets[cut]
     return (ids[:start], offsets[:cut + 1]), (ids[start:], offsets[cut:] - start)
 

@@ -255,8 +255,8 @@ def test_documents_are_tokenised_once_and_split_into_train_and_val(corpus, parag
     expected = [np.append(tokenizer.encode(p), tokenizer.end_of_text_id) for p in paragraphs]
     built = build(source_config(corpus), tmp_path)
     assert "data.source: 285 documents packed into" in capsys.readouterr().out  # 15 held out
-    assert [d.tolist() for d in built.val_documents] == [d.tolist() for d in expected[285:]]
-    rows = built.train_rows
+    assert [d.tolist() for d in built.val_documents[0]] == [d.tolist() for d in expected[285:]]
+    rows = built.train_rows[0]
     assert np.sort(rows.tokens[rows.segment_ids > 0]).tolist() == np.sort(np.concatenate(expected[:285])).tolist()
     concat = build(source_config(corpus, packing="concat"))
     assert concat.train_tokens.tolist() == np.concatenate(expected[:285]).tolist()
@@ -269,13 +269,16 @@ def test_documents_are_tokenised_once_and_split_into_train_and_val(corpus, parag
     finally:
         (tmp_path / "moved.jsonl").rename(corpus[0] / "b.jsonl")
     assert "documents: " in capsys.readouterr().out  # "documents: <cache file>, cached by an earlier run"
-    np.testing.assert_array_equal(resumed.train_rows.tokens, rows.tokens)
+    np.testing.assert_array_equal(resumed.train_rows[0].tokens, rows.tokens)
 
     (tmp_path / "few").mkdir()
     (tmp_path / "few" / "a.txt").write_text("a single document")
     (tmp_path / "few" / "b.txt").write_text("")
-    with pytest.raises(UserError, match="has a single document: too few to hold some out for validation"):
-        build(source_config(corpus, source=f"files:{tmp_path}/few/*", skip_bad_records=True))
+    single = build(source_config(corpus, source=f"files:{tmp_path}/few/*", skip_bad_records=True, val_fraction=0.3))
+    whole = np.append(tokenizer.encode("a single document"), tokenizer.end_of_text_id)
+    cut = len(whole) - max(1, int(len(whole) * 0.3))  # a single document: its last 30% of tokens held out
+    assert single.val_documents[0][0].tolist() == whole[cut:].tolist()
+    assert single.train_rows[0].tokens[0, :cut].tolist() == whole[:cut].tolist()
     with pytest.raises(UserError, match=r"few/b.txt gives no documents: all 1 of its records are bad"):
         build(source_config(corpus, source=f"files:{tmp_path}/few/b.txt", skip_bad_records=True))
 
@@ -304,6 +307,18 @@ def test_the_batch_at_any_step_is_the_same_whether_resumed_there_or_reached_byte
     assert any(batch["segment_ids"].max() > 1 for batch in batches)  # rows that hold several documents
 
 
+@pytest.mark.parametrize("data, fragment", [
+    ({"mixture": "files:a.jsonl=1"}, "needs the documents to train on: data.source .* or data.mixture .*, not both"),
+    ({"source": ""}, "needs the documents to train on: data.source"),
+    ({"source": "", "mixture": "files:a.jsonl=1", "packing": "concat"}, "needs data.packing=documents, not 'concat'"),
+])
+def test_source_and_mixture_options_that_do_not_fit_are_one_line(corpus, data, fragment):
+    from experiments.language_model import build
+
+    with pytest.raises(UserError, match=fragment):
+        build(source_config(corpus, **data))
+
+
 def test_a_bad_record_stops_lm_train_before_anything_is_written(corpus, tmp_path, capsys):
     from lm.cli.resolve import build_experiment
     from lm.train.loop import train
@@ -320,18 +335,28 @@ def test_a_bad_record_stops_lm_train_before_anything_is_written(corpus, tmp_path
                                        "records\n")
 
 
-def test_a_gpt_trains_on_a_jsonl_source_packed_by_document(corpus, tmp_path, capsys):
+def test_a_gpt_trains_on_a_mixture_of_jsonl_sources_packed_by_document(corpus, tmp_path, capsys):
+    """A mixture of the two files, 3:1: the rows' token shares are logged, and the val loss is given for the
+    mixed val rows and for each source's alone."""
     from lm.cli.resolve import build_experiment
     from lm.train.loop import train
 
-    config = source_config(corpus)
+    folder = corpus[0]
+    config = source_config(corpus, source="", mixture=f"files:{folder}/a.jsonl=3,files:{folder}/b.jsonl=1")
     config.train.update(num_steps=12, log_every=4, checkpoint_every=12)
     config.eval.every = 0  # the val loss after the last step only
     summary = train(config, str(tmp_path), build_experiment, devices=jax.devices()[:1])
-    assert "% padding" in capsys.readouterr().out
-    losses = [json.loads(line)["loss"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
-              if "loss" in json.loads(line)]
+    out = capsys.readouterr().out
+    assert f"data.mixture source0 = files:{folder}/a.jsonl (0.75): 143 documents packed into " in out  # 7 held out
+    assert f"data.mixture source1 = files:{folder}/b.jsonl (0.25): 143 documents" in out and "% padding" in out
+    logs = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    losses = [log["loss"] for log in logs if "loss" in log]
     assert np.all(np.isfinite(losses)) and losses[-1] < losses[0] - 0.3, losses  # from ln(300) = 5.7
+    shares = np.array([[log["share_source0"], log["share_source1"]] for log in logs if "loss" in log])
+    np.testing.assert_allclose(shares.sum(axis=1), 1, atol=1e-6)
+    assert abs(shares[:, 0].mean() - 0.75) < 0.15, shares  # 3 logs of 4 batches of 8 rows
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["step"] == summary["step"] == 12 and results["val_cross_entropy_ctx16"] < np.log(VOCAB) - 0.3
+    assert results["val_cross_entropy_ctx16_source0"] < np.log(VOCAB) - 0.3
+    assert results["val_cross_entropy_ctx16_source1"] < np.log(VOCAB) - 0.3
     assert (tmp_path / "tokenizer.json").is_file() and list((tmp_path / "data_cache").glob("documents-*.pkl"))
