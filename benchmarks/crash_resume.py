@@ -1,6 +1,7 @@
 """Fault injection: SIGKILL the trainer at random moments, resume, and check that nothing is lost.
 
   python benchmarks/crash_resume.py --kills=20 [--config=configs/gpt_shakespeare.py:test] [--steps=300]
+      [--set=data.packing=concat ...]  (each --set=KEY=VALUE reaches both runs as --config.KEY=VALUE)
 
 Trains one run uninterrupted, and the same run in one workdir that is killed --kills times
 (SIGKILL: no handler runs, as in a machine failure or an out-of-memory kill), each time at a
@@ -20,6 +21,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 
 from absl import app, flags, logging
 
@@ -29,15 +31,18 @@ _STEPS = flags.DEFINE_integer("steps", 300, "Steps of the run.")
 _CHECKPOINT_EVERY = flags.DEFINE_integer("checkpoint_every", 2, "Steps between checkpoints.")
 _WINDOW = flags.DEFINE_float("window", 1.5, "Kill within this many seconds after the first train step.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the kill times.")
+_SET = flags.DEFINE_multi_string("set", [], "A config override KEY=VALUE, given to both runs as --config.KEY=VALUE.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where the two runs go (default: a temporary folder).")
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-def train_command(config: str, workdir: pathlib.Path, steps: int, checkpoint_every: int) -> list[str]:
+def train_command(config: str, workdir: pathlib.Path, steps: int, checkpoint_every: int,
+                  overrides: Sequence[str] = ()) -> list[str]:
     return [sys.executable, "-m", "lm", "train", f"--config={config}", f"--workdir={workdir}",
             f"--config.train.num_steps={steps}", f"--config.train.checkpoint_every={checkpoint_every}",
-            "--config.train.log_every=1", f"--config.eval.every={steps}", "--config.sample.max_new_tokens=0"]
+            "--config.train.log_every=1", f"--config.eval.every={steps}", "--config.sample.max_new_tokens=0",
+            *(f"--config.{override}" for override in overrides)]
 
 
 def run_to_end(command: list[str]) -> None:
@@ -87,15 +92,15 @@ def restore(workdir: pathlib.Path, step: int | None = None):
 
 
 def crash_trial(config: str, root: pathlib.Path, kills: int, steps: int, checkpoint_every: int, window: float,
-                seed: int, report=print) -> dict:
+                seed: int, report=print, overrides: Sequence[str] = ()) -> dict:
     """Runs the trial (module docstring); returns {'kills': [(delay, last log line, finished
     checkpoints, cut-off writes)], 'losses_equal', 'params_equal', 'restore_failures'}."""
     import jax
     import numpy as np
 
     reference, crashed = root / "reference", root / "crashed"
-    run_to_end(train_command(config, reference, steps, checkpoint_every))
-    command = train_command(config, crashed, steps, checkpoint_every)
+    run_to_end(train_command(config, reference, steps, checkpoint_every, overrides))
+    command = train_command(config, crashed, steps, checkpoint_every, overrides)
     rng = random.Random(seed)
     outcome = {"kills": [], "restore_failures": []}
     for i in range(kills):
@@ -133,7 +138,7 @@ def main(argv: list[str]) -> None:
         root = pathlib.Path(_WORKDIR.value or tmp)
         start = time.perf_counter()
         outcome = crash_trial(_CONFIG.value, root, _KILLS.value, _STEPS.value, _CHECKPOINT_EVERY.value,
-                              _WINDOW.value, _SEED.value)
+                              _WINDOW.value, _SEED.value, overrides=_SET.value)
     killed_in_training = sum(1 for _, line, _, _ in outcome["kills"] if line.startswith("step "))
     killed_writing = sum(1 for *_, cut_off in outcome["kills"] if cut_off)
     print(f"\n=== crash_resume: {_KILLS.value} SIGKILLs, {_STEPS.value} steps, a checkpoint every "

@@ -4,12 +4,13 @@ the trainer's own sections come from lm/train/options.py (run_options, optimizer
 
   language_model(dataset)      experiments/language_model.py: Tiny Shakespeare characters (the baby GPT,
                                configs/gpt_shakespeare.py), token files or a document source (configs/gpt2.py)
-  translation()                experiments/translation.py: Multi30k de -> en (configs/translate_*.py add the
-                               model; translation_test_sizes gives their `test` variants)
+  translation()                experiments/translation.py: Multi30k de -> en or a source's sentence pairs
+                               (configs/translate_*.py add the model; translation_test_sizes gives their
+                               `test` variants)
   image_classification()       experiments/image_classification.py: CIFAR-10 (configs/vit_cifar10.py adds
                                the model)
-  masked_lm(size)              experiments/masked_lm.py: BERT pretraining of one BERT_SIZES encoder
-                               (configs/bert.py)
+  masked_lm(size)              experiments/masked_lm.py: BERT pretraining of one BERT_SIZES encoder, on
+                               the shipped corpus or a source's documents (configs/bert.py)
   finetune(task)               experiments/finetune.py: one task of the fine-tuning table (lm/data/tasks
                                TASKS: its kind of head, row length and steps; configs/bert_finetune.py adds
                                the encoder)
@@ -132,8 +133,8 @@ def language_model(dataset: str = "tinyshakespeare") -> ml_collections.ConfigDic
 
 
 def translation() -> ml_collections.ConfigDict:
-    """Multi30k de -> en: data, optimiser, trainer, eval and mesh sections (configs/translate_*.py add
-    the model)."""
+    """Multi30k de -> en (or the sentence pairs of data.source): data, optimiser, trainer, eval and mesh
+    sections (configs/translate_*.py add the model)."""
     config = run_options("translation")
 
     config.data = declare(
@@ -148,6 +149,18 @@ def translation() -> ml_collections.ConfigDict:
         buckets=option((16, 24, 32, 48, 64), "padded lengths; longer training pairs are dropped"),
         max_train_pairs=option(0, "the first so many training pairs (tokenizers fitted on them too; 0: all)",
                                bounds=at_least(0)),
+        source=option("", "the training pairs ('' = Multi30k's, source_lang -> target_lang): the records of "
+                          "files:GLOB (.jsonl, .jsonl.gz, .parquet), tfds:NAME[/CONFIG][:SPLIT] or "
+                          "hf:NAME_OR_DIR[:CONFIG][:SPLIT], each a source_field and a target_field (docs/data.md)"),
+        val_source=option("", "with source, the val pairs, as source ('' = held_out_pairs of source's)"),
+        test_source=option("", "with source, the test pairs, as source ('' = the last held_out_pairs of source's)"),
+        held_out_pairs=option(1000, "with source, the pairs held out from its end for a split without its own "
+                                    "source: the last ones for test, the ones before them for val",
+                              bounds=at_least(1)),
+        source_field=option("de", "with source, the field of a record holding the sentence to translate"),
+        target_field=option("en", "with source, the field of a record holding its translation"),
+        skip_bad_records=option(False, "skip (and count) the source records that give no pair instead of "
+                                       "stopping at the first"),
     )
 
     config.optimizer = optimizer_options(warmup_fraction=0.08, b2=0.98)
@@ -161,7 +174,8 @@ def translation() -> ml_collections.ConfigDict:
         bleu_every=option(500, "steps between greedy sacreBLEU scores of the val split (val_bleu); 0: off",
                           bounds=at_least(0)),
         batch_size=option(128, "sentences per eval batch, also for decoding", bounds=at_least(1)),
-        test_split=option("test_2016_flickr", "the split scored once after training (results.json)"),
+        test_split=option("", "the split scored once after training (results.json); '' = the data's test split: "
+                              "Multi30k's test_2016_flickr, data.source's test"),
         beam_sizes=option((1, 4), "the beam widths the test split is decoded with (1 = greedy)"),
         length_penalty=option(0.6, "GNMT alpha for beam search", bounds=at_least(0)),
     )
@@ -184,14 +198,23 @@ def translation_test_sizes(config: ml_collections.ConfigDict) -> None:
 
 
 def image_classification() -> ml_collections.ConfigDict:
-    """CIFAR-10: data (and augmentation), optimiser, trainer, eval and mesh sections (configs/vit_cifar10.py
-    adds the model)."""
+    """CIFAR-10 (or data.source, a prepared TFDS image dataset): data (and augmentation), optimiser, trainer, eval
+    and mesh sections (configs/vit_cifar10.py adds the model)."""
     config = run_options("image_classification")
 
     config.data = declare(
         ml_collections.ConfigDict(),
-        dataset=option("cifar10", "the image dataset ($LM_DATA_DIR/cifar10)", choices=("cifar10",)),
-        num_val=option(5000, "images held out of the 50k training images for validation", bounds=at_least(1)),
+        dataset=option("cifar10", "without data.source, the image dataset ($LM_DATA_DIR/cifar10)",
+                       choices=("cifar10",)),
+        source=option("", "a prepared TFDS image dataset, tfds:NAME[/CONFIG][:SPLIT] (SPLIT: the training split, "
+                          "default train; docs/vit.md); '': data.dataset"),
+        image_field=option("image", "data.source's image feature (square RGB images of model.image_size)"),
+        label_field=option("label", "data.source's label feature, a ClassLabel (it gives the number of classes)"),
+        val_split=option("", "the split scored during training (e.g. 'validation', 'test'); '': data.num_val "
+                             "images held out of the training split"),
+        test_split=option("test", "the split scored once at the end (results.json)"),
+        num_val=option(5000, "without data.val_split, the training images held out for validation (seeded)",
+                       bounds=at_least(1)),
         split_seed=option(0, "seeds which training images are held out", bounds=at_least(0)),
         crop_padding=option(4, "pixels of zero padding before a random crop (0: no crop)", bounds=at_least(0)),
         flip=option(True, "random horizontal flips"),
@@ -230,7 +253,15 @@ def masked_lm(size: str) -> ml_collections.ConfigDict:
         ml_collections.ConfigDict(),
         corpus=option(("gutenberg_books", "us_presidential_speeches"), "the corpus files, "
                                                                         "$LM_DATA_DIR/corpus/<name>.txt.gz"),
-        max_documents=option(0, "per corpus file, the first so many documents (0: all)", bounds=at_least(0)),
+        source=option("", "the documents instead of corpus's ('' = corpus): each record's text_field one document, "
+                          "one paragraph a line, of files:GLOB (.txt, .jsonl, .jsonl.gz, .parquet), "
+                          "tfds:NAME[/CONFIG][:SPLIT] or hf:NAME_OR_DIR[:CONFIG][:SPLIT] (docs/data.md)"),
+        text_field=option("text", "with source, the field of a record holding its document (jsonl, parquet, TFDS, "
+                                  "Hugging Face)"),
+        skip_bad_records=option(False, "skip (and count) the source records that give no document instead of "
+                                       "stopping at the first"),
+        max_documents=option(0, "per corpus file (or of source), the first so many documents (0: all)",
+                             bounds=at_least(0)),
         eval_documents=option(6, "documents held out for eval, drawn with seed 0 from all of them", bounds=at_least(1)),
         vocab=option("bert-base-uncased", "a vocab.txt name or path; '' trains one of vocab_size pieces"),
         vocab_size=option(0, "WordPiece pieces to train when vocab is ''", bounds=at_least(0)),

@@ -11,6 +11,15 @@ Measured on test_2016_flickr: 36.6 sacreBLEU, 37.0 lowercased tokenised BLEU (be
 steps of the full run's 2500-step schedule (--config.train.num_steps=2000 --config.optimizer.decay_steps=2500:
 without the pin a shorter run's schedule ends with the run), at about 1.05-1.24 steps/s on a 2-core CPU
 (~30 min).
+
+Other sentence pairs: --config.data.source (records with data.source_field and data.target_field; val and
+test from data.val_source and data.test_source, else held out: docs/translation.md), e.g. WMT14 de-en as
+tensorflow-datasets prepares it (not run here: no copy of it on these machines):
+  lm train --config=configs/translate_transformer.py:base --workdir=runs/mt_wmt14 \
+      --config.data.source=tfds:wmt14_translate/de-en --config.data.val_source=tfds:wmt14_translate/de-en:validation \
+      --config.data.test_source=tfds:wmt14_translate/de-en:test --config.data.buckets='(16, 32, 64, 128)'
+Run with Multi30k as jsonl instead (docs/translation.md), as :test only: the same losses, results.json and
+translations as :test on the files.
 """
 
 import ml_collections

@@ -16,7 +16,14 @@ Variants (pick one after the colon):
         lm train --config=configs/vit_cifar10.py:test --workdir=/tmp/vit_test
 
 The data is $LM_DATA_DIR/cifar10/{train,test}.npz, decoded from JPEG (about 2-3 points below the
-original pixels: say so next to any accuracy reported). Switches: --config.model.pool=cls|gap,
+original pixels: say so next to any accuracy reported). Any prepared TFDS image dataset of one square RGB
+size takes its place (docs/vit.md), e.g. CIFAR-100 (its test split scored at the end, a head of its 100
+classes); not run here, where no network is to prepare it (`tfds build cifar100 --file_format=array_record`,
+once, where one is):
+        lm train --config=configs/vit_cifar10.py:cpu --workdir=runs/vit_cifar100 \
+            --config.data.source=tfds:cifar100
+
+Switches: --config.model.pool=cls|gap,
 --config.model.position=learned|sincos2d|sinusoidal|rope|alibi|none, --config.model.patch_size=8,
 every shared block option (--config.model.norm=rms, --config.model.norm_position=post,
 --config.model.mlp=swiglu, --config.model.moe.num_experts=4, ...), and the augmentation in data.*
@@ -41,8 +48,12 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
         config.model,
         position=option("sincos2d", "position scheme (lm/models/vit.py; rope and alibi act in the attention)",
                         choices=VIT_POSITIONS),
-        patch_size=option(4, "pixels per side of a square patch; it must divide the 32-pixel image",
+        patch_size=option(4, "pixels per side of a square patch; it must divide model.image_size",
                           bounds=at_least(1)),
+        image_size=option(32, "pixels per side of the square RGB images the model takes: the data's own size "
+                              "(images are not resized)", bounds=at_least(1)),
+        num_classes=option(0, "classes of the classifier head; 0: the dataset's (CIFAR-10's 10, or data.source's "
+                              "label ClassLabel, which the run's config.json then records)", bounds=at_least(0)),
         pool=option("gap", "the classifier reads the [CLS] token (cls) or the patches' mean (gap)", choices=POOLS),
     )
 

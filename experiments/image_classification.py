@@ -1,10 +1,12 @@
-"""Image classification on CIFAR-10 with a ViT (lm/models/vit.py).
+"""Image classification with a ViT (lm/models/vit.py) on CIFAR-10 or any prepared TFDS image dataset.
 
-Data: a seeded 45k/5k train/val split of the training set (val scored during training), the 10k test
-split scored once at the end (results.json: top-1 and per-class accuracy; in the workdir a
-confusion-matrix PNG and an attention-rollout PNG of a test image per class). The local copy is
-decoded from JPEG, which costs about 2-3 points of accuracy against the original pixels
-(shared/data/README.md).
+Data: CIFAR-10 (data.dataset; the local copy is decoded from JPEG, which costs about 2-3 points of accuracy
+against the original pixels: shared/data/README.md), or data.source=tfds:NAME[/CONFIG][:SPLIT] (its
+data.image_field images, of model.image_size, and data.label_field ClassLabel; the head gets its number of
+classes). Validation (scored during training): data.val_split, else a seeded data.num_val images held out of
+the training split (CIFAR-10: 45k/5k). The data.test_split is scored once at the end (results.json: top-1
+and per-class accuracy; in the workdir a confusion-matrix PNG and an attention-rollout PNG of a test image
+of each of the first ATTENTION_CLASSES classes).
 Loss: softmax cross-entropy against the batch's soft targets (one-hot, or mixed by mixup/cutmix)
 smoothed by train.label_smoothing, over the valid rows only; plus the mixture-of-experts auxiliary
 losses. Logged: `cross_entropy` (unsmoothed) and `accuracy` (argmax against the hard label).
@@ -31,16 +33,28 @@ from lm.train.experiment import Experiment
 
 CONFUSION_MATRIX_FILE = "confusion_matrix.png"
 ATTENTION_FILE = "attention_rollout.png"
+ATTENTION_CLASSES = 10  # the attention figure's columns: a test image of each of the first so many classes
 
 
-def vit_config(model: ml_collections.ConfigDict) -> ViTConfig:
-    """The ViT of a config's `model` section: the shared block options plus patch_size, pool, position."""
+def num_classes(config: ml_collections.ConfigDict) -> int:
+    """model.num_classes; where it is 0, the dataset's: CIFAR-10's 10 without data.source (a data.source's
+    build reads from its metadata and records in config). A run saved before these options was CIFAR-10's."""
+    if config.model.get("num_classes"):
+        return config.model.num_classes
+    if config.data.get("source"):
+        raise ValueError("model.num_classes is 0 with a data.source: build() reads it from the dataset")
+    return images.NUM_CLASSES
+
+
+def vit_config(model: ml_collections.ConfigDict, classes: int) -> ViTConfig:
+    """The ViT of a config's `model` section with a head of `classes`: the shared block options plus
+    image_size (32 for a run saved before the option), patch_size, pool, position."""
     blocks = model.copy_and_resolve_references()
     blocks.position = stack_position(model.position)  # rope/alibi act in attention; the rest in vit.py
     return ViTConfig(
         transformer=transformer_config(blocks),
-        num_classes=images.NUM_CLASSES,
-        image_size=images.IMAGE_SHAPE[0],
+        num_classes=classes,
+        image_size=model.get("image_size", images.IMAGE_SHAPE[0]),
         channels=images.IMAGE_SHAPE[2],
         patch_size=model.patch_size,
         pool=model.pool,
@@ -70,14 +84,17 @@ class ImageClassification(Experiment):
     unit = "images"
 
     def __init__(self, config: ml_collections.ConfigDict,
-                 splits: dict[str, tuple[np.ndarray, np.ndarray]] | None = None):
-        """splits: {"train", "val", "test"} -> (images (N, 32, 32, 3) uint8, labels (N,) int32)."""
+                 splits: dict[str, tuple[np.ndarray, np.ndarray]] | None = None, class_names: tuple[str, ...] = ()):
+        """splits: {"train", "val", "test"} -> (images (N, S, S, 3) uint8, labels (N,) int32), S =
+        model.image_size; class_names: the K classes' names (for the final results)."""
         super().__init__(config)
         self.splits = splits or {}
-        self.model = ViT(vit_config(config.model))
+        self.class_names = class_names
+        self.model = ViT(vit_config(config.model, num_classes(config)))
 
     def init(self, rng: jax.Array) -> dict:
-        return self.model.init({"params": rng}, jnp.zeros((1, *images.IMAGE_SHAPE), jnp.float32))
+        cfg = self.model.config
+        return self.model.init({"params": rng}, jnp.zeros((1, cfg.image_size, cfg.image_size, cfg.channels)))
 
     def loss(self, params, batch, rng, train: bool):
         logits, collections = self.model.apply(
@@ -102,10 +119,10 @@ class ImageClassification(Experiment):
 
     def train_data(self, batch_size: int, seed: int, shard: tuple[int, int], start_step: int):
         return images.train_batches(*self.splits["train"], batch_size, seed, shard, self.augmentation(),
-                                    self.config.data.num_workers, start_step)
+                                    self.config.data.num_workers, start_step, self.model.config.num_classes)
 
     def eval_data(self, split: str = "val"):
-        return images.eval_batches(*self.splits[split], self.config.eval.batch_size)
+        return images.eval_batches(*self.splits[split], self.config.eval.batch_size, self.model.config.num_classes)
 
     def eval_weight(self, batch) -> jax.Array:
         return jnp.sum(batch["valid"].astype(jnp.float32))  # the real images
@@ -145,45 +162,68 @@ class ImageClassification(Experiment):
 
     def final_results(self, params, evaluate, workdir: pathlib.Path) -> dict[str, float]:
         """Test top-1 accuracy and cross-entropy, per-class accuracy and workdir/confusion_matrix.png (all
-        from one pass of the trainer's eval step), and
-        workdir/attention_rollout.png for the first test image of each class."""
+        from one pass of the trainer's eval step), and workdir/attention_rollout.png for the first test image
+        of each of the first ATTENTION_CLASSES classes."""
         evaluation = evaluate(self.eval_data("test"))
         results = {"test_accuracy": evaluation["accuracy"], "test_cross_entropy": evaluation["cross_entropy"]}
         real = evaluation.outputs["valid"].astype(bool)
+        names = self.class_names
         matrix = confusion_matrix(evaluation.outputs["label"][real], evaluation.outputs["predicted"][real],
-                                  images.NUM_CLASSES)
+                                  len(names))
         per_class = np.diag(matrix) / np.maximum(matrix.sum(axis=1), 1)
-        for name, accuracy in zip(images.CLASS_NAMES, per_class, strict=True):
+        for name, accuracy in zip(names, per_class, strict=True):
             results[f"test_accuracy_{name}"] = float(accuracy)
         test_images, test_labels = self.splits["test"]
-        rows = [np.flatnonzero(test_labels == k)[0] for k in range(images.NUM_CLASSES) if (test_labels == k).any()]
-        pixels = test_images[rows]  # the first test image of each class, (n, H, W, C) uint8
+        present = [k for k in range(min(len(names), ATTENTION_CLASSES)) if (test_labels == k).any()]
+        rows = [np.flatnonzero(test_labels == k)[0] for k in present]
+        pixels = test_images[rows]  # the first test image of each of those classes, (n, H, W, C) uint8
         predicted = np.asarray(self._predict(params, images.normalize(pixels)))
-        titles = [f"{images.CLASS_NAMES[test_labels[r]]}\n-> {images.CLASS_NAMES[p]}"
-                  for r, p in zip(rows, predicted, strict=True)]
+        titles = [f"{names[test_labels[r]]}\n-> {names[p]}" for r, p in zip(rows, predicted, strict=True)]
         attention = self.patch_attention(params, pixels)
         if is_primary():
-            save_confusion_matrix(workdir / CONFUSION_MATRIX_FILE, matrix, images.CLASS_NAMES)
+            save_confusion_matrix(workdir / CONFUSION_MATRIX_FILE, matrix, names)
             save_image_attention(workdir / ATTENTION_FILE, pixels, attention, titles)
         return results
 
 
 def build(config: ml_collections.ConfigDict, workdir: pathlib.Path | None = None) -> ImageClassification:
-    """Reads CIFAR-10 and splits the training set into train and val (data.num_val, data.split_seed). The
-    workdir (where the other experiments keep what they fit and tokenise) is not needed: images are read
-    as they are."""
-    if config.data.dataset != "cifar10":
-        raise UserError(f"data.dataset={config.data.dataset!r}: only 'cifar10' is supported")
-    train_images, train_labels = images.load_cifar10("train")
-    train_rows, val_rows = images.train_val_split(len(train_labels), config.data.num_val, config.data.split_seed)
-    splits = {
-        "train": (train_images[train_rows], train_labels[train_rows]),
-        "val": (train_images[val_rows], train_labels[val_rows]),
-        "test": images.load_cifar10("test"),
-    }
-    return ImageClassification(config, splits)
+    """Reads CIFAR-10 or data.source (its metadata checked first: the image size against model.image_size, the
+    number of classes against model.num_classes) and makes the train, val and test splits: val is
+    data.val_split, else data.num_val images of the training split held out (seeded by data.split_seed).
+    A data.source's number of classes goes into config.model.num_classes, so that the run's config.json
+    records it for eval, export and resume. The workdir (where the other experiments keep what they fit and
+    tokenise) is not needed: images are read as they are."""
+    d, m = config.data, config.model
+    if d.source:
+        dataset = images.open_tfds_images(d.source, d.image_field, d.label_field)
+        name, read, train_split = dataset.name, dataset.read, dataset.train_split
+        class_names, image_shape = dataset.class_names, dataset.image_shape
+    elif d.dataset != "cifar10":
+        raise UserError(f"data.dataset={d.dataset!r}: only 'cifar10' is supported (or give a data.source)")
+    else:
+        name, read, train_split = f"data.dataset={d.dataset}", images.load_cifar10, "train"
+        class_names, image_shape = images.CLASS_NAMES, images.IMAGE_SHAPE
+    if image_shape[0] != m.image_size:
+        raise UserError(f"{name}: its images are {image_shape[0]} x {image_shape[1]}, not model.image_size="
+                        f"{m.image_size}: set --config.model.image_size={image_shape[0]} (and a model.patch_size "
+                        "that divides it)")
+    if m.num_classes not in (0, len(class_names)):
+        raise UserError(f"{name} has {len(class_names)} classes, model.num_classes={m.num_classes}: drop the "
+                        "override (0 takes the dataset's)")
+    train_images, train_labels = read(train_split)
+    if d.val_split:
+        splits = {"train": (train_images, train_labels), "val": read(d.val_split)}
+    else:
+        train_rows, val_rows = images.train_val_split(len(train_labels), d.num_val, d.split_seed)
+        splits = {"train": (train_images[train_rows], train_labels[train_rows]),
+                  "val": (train_images[val_rows], train_labels[val_rows])}
+    splits["test"] = read(d.test_split)
+    if d.source:
+        m.num_classes = len(class_names)
+    return ImageClassification(config, splits, class_names)
 
 
 def from_workdir(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> ImageClassification:
-    """The experiment for predicting with a trained model: no data needed."""
+    """The experiment for predicting with a trained model: no data needed (config.json records a data.source's
+    number of classes)."""
     return ImageClassification(config)

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from lm.data import bpe, mixture, packing, run_cache, sources, text, tokens
+from lm.data import bpe, mixture, packing, run_cache, sources, text, token_shards, tokens
 from lm.decode.generate import generate
 from lm.errors import UserError
 from lm.losses import masked_mean, moe_objective
@@ -283,6 +283,8 @@ def source_documents(data: ml_collections.ConfigDict, specs: list[tuple[str, str
     if tokenizer.end_of_text_id is None:
         raise UserError(f"data.tokenizer={data.tokenizer} has no {bpe.END_OF_TEXT} token to end each document "
                         f"with: give a tokenizer that has one ({TOKENIZER_FORMAT})")
+    if any(token_shards.is_spec(spec) for spec, _ in [*specs, (data.val_source, "data.val_source")]):
+        return prepared_documents(data, specs, tokenizer)
     key = run_cache.digest({name: data[name] for name in SOURCE_OPTIONS}, tokenizer.tokenizer.to_str())
 
     def read() -> dict[str, list[Flat]]:
@@ -298,6 +300,22 @@ def source_documents(data: ml_collections.ConfigDict, specs: list[tuple[str, str
 
     documents = cache.get("documents", key, read)
     return documents["train"], documents["val"]
+
+
+def prepared_documents(data: ml_collections.ConfigDict, specs: list[tuple[str, str]],
+                       tokenizer: bpe.BPETokenizer) -> tuple[list[Flat], list[Flat]]:
+    """source_documents of specs that are all tokens:DIR, folders `lm prepare --source` wrote: each folder's
+    train split, and for validation data.val_source's val split (a tokens:DIR too) or else each folder's; ids
+    memory-mapped (lm/data/token_shards.py), nothing tokenised or cached. Each folder's tokenizer must be
+    data.tokenizer's."""
+    named = specs + ([(data.val_source, "data.val_source")] if data.val_source else [])
+    if not all(token_shards.is_spec(spec) for spec, _ in named):
+        raise UserError(f"{', '.join(f'{option}={spec}' for spec, option in named)}: give all of them as tokens:DIR "
+                        "(documents lm prepare --source tokenised) or none")
+    read = functools.partial(token_shards.read_documents, tokenizer=tokenizer.tokenizer,
+                             tokenizer_option=f"data.tokenizer={data.tokenizer}")
+    return ([read(spec, "train", option) for spec, option in specs],
+            [read(spec, "val", option) for spec, option in (named[-1:] if data.val_source else specs)])
 
 
 def encoded_documents(source: sources.Source, tokenizer: bpe.BPETokenizer) -> Flat:

@@ -8,6 +8,7 @@ The tokenizer is bert-base-uncased's vocabulary (data.vocab) or trained on the t
 """
 
 import functools
+import itertools
 import pathlib
 from collections.abc import Callable
 
@@ -17,6 +18,7 @@ import ml_collections
 import numpy as np
 
 from lm.data import masked_lm, run_cache
+from lm.data.sources import Source
 from lm.data.wordpiece import WordPieceTokenizer
 from lm.errors import UserError, check_count
 from lm.losses import cross_entropy, masked_accuracy, masked_cross_entropy, moe_objective
@@ -110,7 +112,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
 
 
 def build(config: ml_collections.ConfigDict, workdir: pathlib.Path | None = None) -> MaskedLM:
-    """Reads the corpus, holds data.eval_documents documents out (drawn with seed 0), loads or trains the
+    """Reads the documents (split_documents), holds data.eval_documents out (drawn with seed 0), loads or trains the
     tokenizer, tokenizes every sentence and builds the training and held-out pairs; a resumed run reads the
     tokenizer saved in workdir and the pairs cached there instead (lm/data/run_cache.py)."""
     check_config(config)
@@ -125,15 +127,26 @@ def build(config: ml_collections.ConfigDict, workdir: pathlib.Path | None = None
 
 
 def split_documents(data: ml_collections.ConfigDict) -> tuple[list[list[str]], list[list[str]]]:
-    """The documents of data.corpus (paragraphs each), as (training, held-out): data.eval_documents of them
-    held out, drawn with seed 0."""
-    documents = [document for name in data.corpus for document in masked_lm.read_documents(name, data.max_documents)]
+    """The documents of data.corpus, or of data.source (source_documents), paragraphs each, as (training,
+    held-out): data.eval_documents of them held out, drawn with seed 0."""
+    if data.source:
+        documents = source_documents(data)
+    else:
+        documents = [doc for name in data.corpus for doc in masked_lm.read_documents(name, data.max_documents)]
     if not 1 <= data.eval_documents < len(documents):
         raise UserError(f"data.eval_documents={data.eval_documents}: hold out at least 1 and fewer than the "
-                        f"{len(documents)} documents of data.corpus")
+                        f"{len(documents)} documents of data.{'source' if data.source else 'corpus'}")
     held_out = set(np.random.default_rng(0).choice(len(documents), data.eval_documents, replace=False).tolist())
     return ([doc for i, doc in enumerate(documents) if i not in held_out],
             [doc for i, doc in enumerate(documents) if i in held_out])
+
+
+def source_documents(data: ml_collections.ConfigDict) -> list[list[str]]:
+    """The documents of data.source, each a record's data.text_field split into paragraphs as a corpus file's
+    lines are (masked_lm.paragraphs; blank ones left out): the first data.max_documents of them (0: all)."""
+    source = Source(data.source, data.text_field, data.skip_bad_records, "data.source")
+    documents = filter(None, (masked_lm.paragraphs(text) for _, text in source))
+    return list(itertools.islice(documents, data.max_documents or None))
 
 
 def fit_tokenizer(data: ml_collections.ConfigDict, documents: Callable[[], tuple[list, list]]) -> WordPieceTokenizer:

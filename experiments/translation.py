@@ -1,5 +1,6 @@
-"""Translation on Multi30k: a recurrent seq2seq (no attention, Bahdanau or Luong) or the Transformer
-encoder-decoder, trained with teacher forcing on length-bucketed batches.
+"""Translation on Multi30k, or on the sentence pairs of data.source (read_pairs): a recurrent seq2seq (no
+attention, Bahdanau or Luong) or the Transformer encoder-decoder, trained with teacher forcing on
+length-bucketed batches.
 
 config.model.architecture picks the family: "rnn" (lm/models/seq2seq.py, options cell, attention,
 embed_dim, hidden_dim, num_layers, dropout) or "transformer" (lm/models/encoder_decoder.py, every shared
@@ -11,7 +12,7 @@ train.label_smoothing; `cross_entropy` (unsmoothed, for perplexity) and `accurac
 import functools
 import pathlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import flax.traverse_util
 import jax
@@ -21,6 +22,7 @@ import numpy as np
 
 from lm.data import run_cache, translation
 from lm.data.bleu import corpus_bleu, tokenized_bleu
+from lm.data.sources import Source
 from lm.decode.search import beam_search, greedy_search, rnn_step_fn, transformer_step_fn
 from lm.distributed import is_primary
 from lm.errors import UserError, check_count
@@ -33,6 +35,8 @@ from lm.progress import Progress, await_each
 from lm.train.experiment import Evaluator, Experiment
 
 ARCHITECTURES = ("rnn", "transformer")
+SOURCE_SPLITS = {"train": "source", "val": "val_source", "test": "test_source"}  # split: the data option reading it
+Pairs = tuple[list[str], list[str]]  # (source sentences, target sentences), line-aligned
 
 
 def build_model(config: ml_collections.ConfigDict, source_vocab: int, target_vocab: int):
@@ -57,10 +61,13 @@ class Translation(Experiment):
 
     def __init__(self, config: ml_collections.ConfigDict, source_tokenizer, target_tokenizer,
                  splits: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] | None = None,
-                 data_cache: run_cache.DataCache | None = None):
+                 data_cache: run_cache.DataCache | None = None, pairs: Callable[[], dict[str, Pairs]] | None = None):
+        """splits: every split's encoded pairs (None to translate); pairs: every split's sentences (read_pairs
+        of config.data, by default read when first needed), for BLEU."""
         super().__init__(config, data_cache)
         self.source_tokenizer, self.target_tokenizer = source_tokenizer, target_tokenizer
         self.splits = splits or {}
+        self.pairs = pairs or functools.cache(lambda: read_pairs(config.data))
         self.model = build_model(config, source_tokenizer.vocab_size, target_tokenizer.vocab_size)
         train_targets = self.splits.get("train", ([], []))[1]
         # Real target tokens per sentence (bos excluded, eos included).
@@ -93,8 +100,7 @@ class Translation(Experiment):
 
     def evaluators(self) -> list[Evaluator]:
         """sacreBLEU of greedy translations of the val split, every eval.bleu_every steps (0: never)."""
-        d = self.config.data
-        sources, references = translation.load_pairs("val", d.source_lang, d.target_lang)
+        sources, references = self.pairs()["val"]
 
         def val_bleu(params) -> dict[str, float]:
             return {"bleu": corpus_bleu(self.translate(params, sources, 1), references)}
@@ -166,8 +172,7 @@ class Translation(Experiment):
 
     def texts(self, params) -> dict[str, str]:
         """Greedy translations of the first validation sentences, with their references."""
-        sources, references = translation.load_pairs("val", self.config.data.source_lang,
-                                                     self.config.data.target_lang)
+        sources, references = self.pairs()["val"]
         count = 5
         hypotheses = self.translate(params, sources[:count])
         lines = [f"{s}\n  -> {h}\n  (reference: {r})" for s, h, r in
@@ -219,12 +224,11 @@ class Translation(Experiment):
         for each eval.beam_sizes the sacreBLEU score (cased, detokenised: the standard) and the
         lowercased word-tokenised BLEU the PyTorch tutorials report. Writes the translations to
         workdir/translations/<split>.beam<k>.txt."""
-        e, split = self.config.eval, self.config.eval.test_split
+        e, split = self.config.eval, scored_split(self.config)
         metrics = evaluate(self.eval_data(split))
         results = {f"test_{name}": metrics[name] for name in ("cross_entropy", "accuracy")}
         results["test_perplexity"] = float(np.exp(metrics["cross_entropy"]))
-        sources, references = translation.load_pairs(split, self.config.data.source_lang,
-                                                     self.config.data.target_lang)
+        sources, references = self.pairs()[split]
         if is_primary():
             (workdir / "translations").mkdir(exist_ok=True)
         for beam_size in e.beam_sizes:
@@ -239,11 +243,18 @@ class Translation(Experiment):
 
 
 def build(config: ml_collections.ConfigDict, workdir: pathlib.Path | None = None) -> Translation:
-    """Reads Multi30k (the first data.max_train_pairs training pairs, if set), fits the tokenizers on the
-    training split and encodes every split; a resumed run reads the tokenizers saved in workdir and the
-    encoded splits cached there instead (lm/data/run_cache.py)."""
+    """Reads the sentence pairs (read_pairs: Multi30k's or data.source's; the first data.max_train_pairs
+    training pairs, if set), fits the tokenizers on the training split and encodes every split; a resumed run
+    reads the tokenizers saved in workdir and the encoded splits cached there instead (lm/data/run_cache.py)."""
     d = config.data
     check_count(d, "max_train_pairs", "pairs")
+    if not d.source and (d.val_source or d.test_source):
+        raise UserError("data.val_source and data.test_source go with data.source, the training pairs: give it too, "
+                        "or leave them '' for Multi30k")
+    names = tuple(SOURCE_SPLITS) if d.source else translation.SPLITS
+    if scored_split(config) not in names:
+        raise UserError(f"eval.test_split={config.eval.test_split!r}: the data's splits are {', '.join(names)} "
+                        f"({'data.source' if d.source else 'Multi30k'}); use one of them, or '' for its test split")
     pairs = functools.cache(lambda: read_pairs(d))  # read only if needed, once
     tokenizers = run_cache.saved_or_fitted(
         workdir, config, translation.TOKENIZERS_DIR, lambda _: translation.load_tokenizers(workdir),
@@ -254,16 +265,52 @@ def build(config: ml_collections.ConfigDict, workdir: pathlib.Path | None = None
     cache = run_cache.DataCache(workdir)
     splits = cache.get("splits", key, lambda: {
         split: translation.encode_pairs(*sides, *tokenizers) for split, sides in pairs().items()})
-    return Translation(config, *tokenizers, splits, cache)
+    return Translation(config, *tokenizers, splits, cache, pairs)
 
 
-def read_pairs(data: ml_collections.ConfigDict) -> dict[str, tuple[list[str], list[str]]]:
-    """Every split of Multi30k as (source sentences, target sentences), the training split cut to its first
+def scored_split(config: ml_collections.ConfigDict) -> str:
+    """The split scored after training: eval.test_split, or for '' the data's test split (Multi30k's
+    test_2016_flickr, data.source's test)."""
+    return config.eval.test_split or ("test" if config.data.source else "test_2016_flickr")
+
+
+def read_pairs(data: ml_collections.ConfigDict) -> dict[str, Pairs]:
+    """Every split as (source sentences, target sentences): Multi30k's (data.source '': train, val,
+    test_2016_flickr) or data.source's (source_pairs: train, val, test), the training split cut to its first
     data.max_train_pairs (0: all)."""
-    pairs = {split: translation.load_pairs(split, data.source_lang, data.target_lang) for split in translation.SPLITS}
+    if data.source:
+        pairs = source_pairs(data)
+    else:
+        pairs = {split: translation.load_pairs(split, data.source_lang, data.target_lang)
+                 for split in translation.SPLITS}
     if data.max_train_pairs:
         pairs["train"] = tuple(side[: data.max_train_pairs] for side in pairs["train"])
     return pairs
+
+
+def source_pairs(data: ml_collections.ConfigDict) -> dict[str, Pairs]:
+    """The sentence pairs of data.source's records (the texts of their fields data.source_field and
+    data.target_field), in the source's order, as train, val and test: val and test are data.val_source's
+    and data.test_source's, or else data.held_out_pairs pairs each held out from the end of data.source's (the
+    last ones for test, the ones before them for val)."""
+    fields = {"data.source_field": data.source_field, "data.target_field": data.target_field}
+    opened = {split: Source(data[option], fields, data.skip_bad_records, f"data.{option}")
+              for split, option in SOURCE_SPLITS.items() if data[option]}  # all opened before any is read
+    pairs = {}
+    for split, source in opened.items():
+        pairs[split] = [texts for _, texts in source]
+        if not pairs[split]:  # (an empty source is a bad record: met here only when all were skipped)
+            raise UserError(f"{source.name} gives no sentence pairs: all {source.skipped} of its records are bad "
+                            "(the warning above names the first)")
+    for split in ("test", "val"):
+        if split not in pairs:
+            cut = len(pairs["train"]) - data.held_out_pairs
+            if cut < 1:
+                raise UserError(f"data.source has {len(pairs['train'])} sentence pairs left: too few to hold out "
+                                f"data.held_out_pairs={data.held_out_pairs} for {split} and train on the rest; "
+                                f"lower it, or give data.{SOURCE_SPLITS[split]}")
+            pairs["train"], pairs[split] = pairs["train"][:cut], pairs["train"][cut:]
+    return {split: tuple(map(list, zip(*pairs[split], strict=True))) for split in SOURCE_SPLITS}
 
 
 def from_workdir(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Translation:

@@ -85,6 +85,35 @@ def test_config():
     return config
 
 
+def packed_source_overrides(data_dir: pathlib.Path, folder: pathlib.Path) -> dict[str, object]:
+    """Config overrides that turn configs/gpt2.py:test into a model of gpt_shakespeare.py:test's size on
+    documents packed by document: the first 400 paragraphs of Tiny Shakespeare as folder/documents.jsonl,
+    with a byte-level BPE of 300 ids trained on them (folder/tokenizer.json), context 16."""
+    from lm.data.bpe import BPETokenizer
+
+    text = (data_dir / "tinyshakespeare" / "input.txt").read_text()
+    paragraphs = [paragraph for paragraph in text.split("\n\n") if paragraph.strip()][:400]
+    with open(folder / "documents.jsonl", "w") as f:
+        f.writelines(json.dumps({"text": paragraph}) + "\n" for paragraph in paragraphs)
+    BPETokenizer.train(paragraphs, 300).save(folder / "tokenizer.json")
+    return {"data.dataset": "source", "data.source": f"files:{folder}/documents.jsonl", "data.vocab_size": 300,
+            "data.tokenizer": str(folder / "tokenizer.json"), "data.context_length": 16,
+            "model.compute_dtype": "float32", "model.scan_layers": False, "model.loss_chunk": 0,
+            "model.embed_dim": 32, "model.num_heads": 2, "model.num_kv_heads": 2}
+
+
+def packed_source_config(overrides: dict[str, object]):
+    """configs/gpt2.py:test with packed_source_overrides, and no sample after training."""
+    from configs.gpt2 import get_config
+
+    config = get_config("test")
+    for key, value in overrides.items():
+        section, field = key.split(".")
+        config[section][field] = value
+    config.sample.max_new_tokens = 0
+    return config
+
+
 def shared_folder(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     """This pytest run's temporary folder, the same for every xdist worker (each has its own below it)."""
     folder = tmp_path_factory.getbasetemp()

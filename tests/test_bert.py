@@ -2,6 +2,7 @@
 parameter counts), the pretraining data (masking proportions, next-sentence pairs, resume) and a tiny
 pretraining run end to end, with the bad-input messages."""
 
+import gzip
 import json
 
 import flax.linen as nn
@@ -234,6 +235,28 @@ def test_bad_input_is_one_clear_line(tmp_path, monkeypatch, data_dir):
         experiment.build(get_config("tiny"))
     with pytest.raises(UserError, match=r"vocab/bert-base-uncased-vocab.txt not found"):
         experiment.build(get_config("mini"))
+
+
+def test_a_sources_records_are_the_documents_the_corpus_file_gives(tmp_path, monkeypatch):
+    """A corpus file made jsonl as docs/data.md does (a record a document): the same documents of the same
+    paragraphs, so the same held-out draw, whole or cut to data.max_documents."""
+    corpus = ["First speech.  It has two sentences!\nA second \"paragraph.\" Yes.", "Short one.",
+              "  Third, indented. \n\nFourth speech, after a blank line.", "Fifth.\nLast line? Yes."]
+    (tmp_path / "corpus").mkdir()
+    with gzip.open(tmp_path / "corpus" / "speeches.txt.gz", "wt", encoding="utf-8") as f:
+        f.write("\n\n".join(corpus) + "\n")
+    with gzip.open(tmp_path / "corpus" / "speeches.txt.gz", "rt", encoding="utf-8") as f:
+        documents = f.read().split("\n\n")  # docs/data.md's recipe
+    (tmp_path / "speeches.jsonl").write_text("".join(json.dumps({"body": d}) + "\n" for d in documents if d.strip()))
+    monkeypatch.setenv("LM_DATA_DIR", str(tmp_path))
+    for max_documents in (0, 3):
+        data = get_config("tiny").data
+        data.update(corpus=("speeches",), eval_documents=1, max_documents=max_documents)
+        from_corpus = experiment.split_documents(data)
+        data.update(source=f"files:{tmp_path}/speeches.jsonl", text_field="body")
+        assert experiment.split_documents(data) == from_corpus
+    assert sorted(sum(from_corpus, [])) == [["First speech.  It has two sentences!", 'A second "paragraph." Yes.'],
+                                            ["Short one."], ["Third, indented."]]
 
 
 @pytest.mark.slow

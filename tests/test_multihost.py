@@ -11,7 +11,7 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import REPO, subprocess_env
+from conftest import REPO, packed_source_config, packed_source_overrides, subprocess_env
 
 from lm import distributed
 from lm.cli.resolve import build_experiment
@@ -30,23 +30,26 @@ def losses(workdir: pathlib.Path) -> dict[int, float]:
 
 
 @pytest.mark.slow
-def test_two_processes_match_one_stop_together_and_restore_on_other_meshes(tmp_path, data_dir, test_config):
+def test_two_processes_match_one_stop_together_and_restore_on_other_meshes(tmp_path, data_dir):
     """2 processes x 4 devices (a data 8 mesh), coordinated by jax.distributed over localhost (gloo
     collectives) and started as on two nodes by the plain multi-node launcher, train as 1 process x 8
     devices on a data 4 x fsdp 2 mesh does.
     Preemption reaches the hosts at different moments: SIGTERM to process 0 alone after step 6, and
     both agree (every log_every steps) on the step they save, then exit 128 + SIGTERM. That checkpoint
-    continues in 1 process on another mesh exactly as the uninterrupted run."""
+    continues in 1 process on another mesh exactly as the uninterrupted run. The data: documents packed by
+    document (a data.source), so the batches of two processes, and of one after the resume, are the same."""
     from lm.train.loop import train
     from lm.train.setup import restore_params
 
+    overrides = packed_source_overrides(data_dir, tmp_path)
     multi = tmp_path / "multi"
     env = subprocess_env(devices=4, PYTHON=sys.executable, COORDINATOR=f"localhost:{free_port()}", NUM_NODES="2")
     processes = [
         subprocess.Popen(
-            ["bash", "launch/multinode.sh", "--config=configs/gpt_shakespeare.py:test", f"--workdir={multi}",
+            ["bash", "launch/multinode.sh", "--config=configs/gpt2.py:test", f"--workdir={multi}",
              "--config.train.num_steps=100000", "--config.train.log_every=2", "--config.eval.every=100000",
-             "--config.train.checkpoint_every=100000", "--config.optimizer.decay_steps=20"],
+             "--config.train.checkpoint_every=100000", "--config.optimizer.decay_steps=20",
+             *(f"--config.{key}={value}" for key, value in overrides.items())],
             cwd=REPO, env={**env, "NODE_RANK": str(i)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         for i in range(2)
@@ -67,6 +70,7 @@ def test_two_processes_match_one_stop_together_and_restore_on_other_meshes(tmp_p
     assert "loss" not in outputs[1][0]  # process 0 alone reports
 
     # 1 process x 8 devices on another mesh (data 4 x fsdp 2), without a break.
+    test_config = packed_source_config(overrides)
     test_config.train.update(num_steps=stop + 4, log_every=2, checkpoint_every=100000)
     test_config.optimizer.decay_steps = 20  # the schedule of the 2-process run
     test_config.eval.every = 100000

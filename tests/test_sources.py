@@ -1,8 +1,8 @@
 """Document sources (lm/data/sources.py) on fixtures made from Tiny Shakespeare's paragraphs: every files:
-format, a TFDS dataset prepared in the test, the datasets library on local files; bad input as one line
-naming the source, the file and the record, or skipped and counted; the processes' shares of the
-documents; the language model's packed pipeline resuming at any step byte for byte; and a GPT trained on a
-files: jsonl source packed by document."""
+format, a TFDS dataset prepared in the test, the datasets library on local files; several fields a record
+(sentence pairs); bad input as one line naming the source, the file and the record, or skipped and counted; the
+processes' shares of the documents; the language model's packed pipeline resuming at any step byte for byte; and
+a GPT trained on a files: jsonl source packed by document."""
 
 import gzip
 import itertools
@@ -200,6 +200,59 @@ def test_hf_reads_local_data_files_and_a_saved_dataset(paragraphs, tmp_path, mon
     (folder / "train.jsonl").write_text('{"text": "a"}\n{"text": "cut\n')  # the library parses the files as it loads
     with pytest.raises(UserError, match=r"^source=hf:\S+: the datasets library cannot load it \(.*JSON parse.*row 1"):
         Source(f"hf:{folder}")
+
+
+PAIR_FIELDS = {"data.source_field": "de", "data.target_field": "en"}
+
+
+def test_several_fields_give_the_tuple_of_their_texts_and_a_missing_one_names_its_option(tmp_path):
+    """jsonl and parquet records as (de, en) texts in the fields' order; a record without one of them, a
+    parquet file without its column or a .txt file (no fields) named with the option that sets the field."""
+    records = [{"en": f"english {i}", "de": f"deutsch {i}", "id": i} for i in range(5)]
+    write_jsonl(tmp_path / "a.jsonl", records[:3])
+    pyarrow.parquet.write_table(pyarrow.Table.from_pylist(records[3:]), tmp_path / "b.parquet")
+    pairs = [texts for _, texts in Source(f"files:{tmp_path}/*", PAIR_FIELDS)]
+    assert pairs == [(r["de"], r["en"]) for r in records]
+    assert texts(Source(f"files:{tmp_path}/*", {"data.target_field": "en", "data.source_field": "en"})) == [
+        (r["en"], r["en"]) for r in records]  # one field twice: each its own column
+
+    write_jsonl(tmp_path / "a.jsonl", [records[0], {"de": "nur deutsch"}])
+    with pytest.raises(UserError, match=r"a.jsonl line 2: has no field 'en' \(its fields: de\): set "
+                                        r"--config.data.target_field; fix or remove it"):
+        list(Source(f"files:{tmp_path}/a.jsonl", PAIR_FIELDS, option="data.source"))
+    write_parquet(tmp_path / "b.parquet", ["x"], column="de")  # (a parquet file lacking a column: bad as a whole)
+    with pytest.raises(UserError, match=r"b.parquet: has no column 'en' \(its columns: de\): set "
+                                        r"--config.data.target_field"):
+        list(Source(f"files:{tmp_path}/b.parquet", PAIR_FIELDS))
+    (tmp_path / "c.txt").write_text("one text")
+    with pytest.raises(UserError, match=r"c.txt is one text, not records with the fields 'de', 'en': use .jsonl"):
+        Source(f"files:{tmp_path}/*", PAIR_FIELDS)
+
+
+def test_a_tfds_translation_dataset_gives_its_languages_as_fields(tmp_path, monkeypatch):
+    """A dataset of tfds.features.Translation records (as wmt14_translate/de-en), prepared in the test: each
+    record's (de, en); a language it lacks named with the option that sets it."""
+    import tensorflow_datasets as tfds
+
+    class GermanEnglishPairs(tfds.core.GeneratorBasedBuilder):
+        VERSION = tfds.core.Version("1.0.0")
+
+        def _info(self):
+            return tfds.core.DatasetInfo(builder=self, features=tfds.features.Translation(languages=("de", "en")))
+
+        def _split_generators(self, dl_manager):
+            return {"train": self._generate_examples()}
+
+        def _generate_examples(self):
+            for i in range(4):
+                yield i, {"de": f"Satz {i} über", "en": f"sentence {i}"}
+
+    monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path))
+    GermanEnglishPairs(data_dir=str(tmp_path), file_format="array_record").download_and_prepare()
+    assert sorted(texts(Source("tfds:german_english_pairs", PAIR_FIELDS))) == [
+        (f"Satz {i} über", f"sentence {i}") for i in range(4)]
+    with pytest.raises(UserError, match=r"no feature 'fr' \(its features: de, en\): set --config.data.source_field"):
+        Source("tfds:german_english_pairs", {**PAIR_FIELDS, "data.source_field": "fr"})
 
 
 # --- sharding over processes -----------------------------------------------------------------------------

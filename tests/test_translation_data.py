@@ -2,6 +2,7 @@
 
 import collections
 import gzip
+import json
 import math
 import os
 import unicodedata
@@ -84,6 +85,58 @@ def test_missing_data_names_the_paths(tmp_path, monkeypatch):
     assert str(empty / "multi30k" / "train.de.gz") in message
     assert str(tmp_path / "cache" / "multi30k" / "train.de.gz") in message
     assert "LM_DATA_DIR" in message
+
+
+def write_jsonl(path, records):
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+
+
+def source_data(**changes):
+    from configs import base
+
+    data = base.translation().data
+    data.update(changes)
+    return data
+
+
+def test_source_pairs_are_the_records_fields_with_held_out_val_and_test(tmp_path):
+    """data.source's records as (data.source_field, data.target_field) pairs in file order; without their own
+    sources val and test are held out from its end (test last), with them they are theirs."""
+    from experiments.translation import read_pairs
+
+    records = [{"fr": f"phrase {i}", "de": f"Satz {i}", "en": f"sentence {i}"} for i in range(7)]
+    write_jsonl(tmp_path / "pairs.jsonl", records)
+    spec = f"files:{tmp_path}/pairs.jsonl"
+
+    def sides(rows, source="de", target="en"):
+        return [r[source] for r in rows], [r[target] for r in rows]
+
+    pairs = read_pairs(source_data(source=spec, held_out_pairs=2))
+    assert pairs == {"train": sides(records[:3]), "val": sides(records[3:5]), "test": sides(records[5:])}
+    write_jsonl(tmp_path / "val.jsonl", records[:1])
+    pairs = read_pairs(source_data(source=spec, val_source=f"files:{tmp_path}/val.jsonl", held_out_pairs=3,
+                                   source_field="en", target_field="fr", max_train_pairs=2))
+    assert pairs == {"train": sides(records[:2], "en", "fr"), "val": sides(records[:1], "en", "fr"),
+                     "test": sides(records[4:], "en", "fr")}
+    with pytest.raises(UserError, match=r"data.source has 3 sentence pairs left: too few to hold out "
+                                        r"data.held_out_pairs=4 for val .*data.val_source"):
+        read_pairs(source_data(source=spec, held_out_pairs=4))
+
+
+def test_a_record_without_its_target_field_is_one_line_naming_the_source_file_and_record(tmp_path, capsys):
+    from experiments.translation import read_pairs
+
+    write_jsonl(tmp_path / "pairs.jsonl", [{"de": "a", "en": "A"}, {"de": "b"}, {"de": "c", "en": "C"},
+                                           {"de": "d", "en": "D"}])
+    spec = f"files:{tmp_path}/pairs.jsonl"
+    with pytest.raises(UserError) as error:
+        read_pairs(source_data(source=spec, held_out_pairs=1))
+    assert str(error.value) == (f"data.source={spec}: {tmp_path}/pairs.jsonl line 2: has no field 'en' (its fields: "
+                                "de): set --config.data.target_field; fix or remove it, or pass "
+                                "--config.data.skip_bad_records=True to skip such records")
+    pairs = read_pairs(source_data(source=spec, held_out_pairs=1, skip_bad_records=True))
+    assert pairs == {"train": (["a"], ["A"]), "val": (["c"], ["C"]), "test": (["d"], ["D"])}
+    assert capsys.readouterr().err.startswith(f"warning: skipped 1 bad records of data.source={spec} (the first: ")
 
 
 # --- tokenizers -------------------------------------------------------------------------------

@@ -1,9 +1,12 @@
-"""CIFAR-10: loading, the seeded train/val split, augmentation (numpy) and Grain pipelines of batches.
+"""Labelled images: CIFAR-10, or any prepared TFDS image dataset (data.source=tfds:NAME[/CONFIG][:SPLIT]);
+the seeded train/val split, augmentation (numpy) and Grain pipelines of batches.
 
-A batch (B rows) is a dict of numpy arrays:
-    image    (B, 32, 32, 3) float32  per-channel normalised: (x / 255 - MEAN) / STD
+A split is held whole in memory as images (N, H, W, 3) uint8 and labels (N,) int32 in [0, K). A batch
+(B rows) is a dict of numpy arrays:
+    image    (B, H, W, 3) float32  per-channel normalised: (x / 255 - MEAN) / STD (CIFAR-10's statistics,
+                               for every dataset)
     label    (B,)     int32    the hard label of the row's own image (0 for a dummy row)
-    targets  (B, 10)  float32  soft labels: one-hot, or mixed by mixup/cutmix (rows sum to 1);
+    targets  (B, K)   float32  soft labels: one-hot, or mixed by mixup/cutmix (rows sum to 1);
                                all zero for a dummy row. Label smoothing is the loss's business.
     index    (B,)     int32    the example's position in its split's arrays; -1 for a dummy row
     valid    (B,)     int32    1 for a real example, 0 for a dummy row (only the last eval batch has any)
@@ -20,10 +23,12 @@ import os
 import pickle
 import tarfile
 import zipfile
+from typing import Any
 
 import grain
 import numpy as np
 
+from lm.data import sources
 from lm.data.files import find_file
 from lm.errors import UserError
 
@@ -106,6 +111,84 @@ def load_cifar10(split: str) -> tuple[np.ndarray, np.ndarray]:
     images.flags.writeable = False
     labels.flags.writeable = False
     return images, labels
+
+
+@dataclasses.dataclass(frozen=True)
+class TfdsImages:
+    """A prepared TFDS dataset of labelled images whose metadata open_tfds_images checked: read(split) gives a
+    split's (images (N, H, W, 3) uint8, labels (N,) int32), whole, in the order of its prepared files."""
+
+    name: str  # the option and its spec, for messages: data.source=tfds:cifar100
+    dataset: str  # NAME[/CONFIG]
+    train_split: str  # the spec's SPLIT (default train)
+    builder: Any  # its tfds.core.DatasetBuilder
+    image_field: str
+    label_field: str
+    class_names: tuple[str, ...]  # the label's ClassLabel names (the class indices as text where it has none)
+    image_shape: tuple[int, int, int]  # (H, W, 3) of every image
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    def read(self, split: str) -> tuple[np.ndarray, np.ndarray]:
+        """A split (a name, or a slice: train[:90%]) read whole, read-only. A UserError where the builder has
+        no such split, it is empty, or a label is not one of the classes (a split without labels)."""
+        source = sources.tfds_split(self.builder, self.dataset, split, self.name)
+        count = len(source)
+        if not count:
+            raise UserError(f"{self.name}: its split {split!r} is empty")
+        images = np.empty((count, *self.image_shape), np.uint8)
+        labels = np.empty(count, np.int32)
+        for start in range(0, count, sources.TFDS_CHUNK):
+            rows = range(start, min(start + sources.TFDS_CHUNK, count))
+            for row, record in zip(rows, source.__getitems__(list(rows)), strict=True):
+                images[row], labels[row] = record[self.image_field], record[self.label_field]
+        outside = np.flatnonzero((labels < 0) | (labels >= self.num_classes))
+        if len(outside):
+            raise UserError(f"{self.name}: record {outside[0]} of split {split!r} has {self.label_field} "
+                            f"{labels[outside[0]]}, not one of its {self.num_classes} classes (a split without "
+                            "labels?): use a labelled split")
+        images.flags.writeable = False
+        labels.flags.writeable = False
+        return images, labels
+
+
+def open_tfds_images(spec: str, image_field: str = "image", label_field: str = "label") -> TfdsImages:
+    """The dataset of data.source=spec, tfds:NAME[/CONFIG][:SPLIT] (SPLIT: the training split, default train),
+    prepared (lm/data/sources.py prepared_tfds: no download), its metadata checked.
+    A one-line UserError where it is not prepared or lacks a field, where image_field is not an Image feature
+    of one square RGB uint8 size (images are read as they are, never resized), or where label_field is not
+    a ClassLabel (the classes' number and names come from it)."""
+    import tensorflow_datasets as tfds
+
+    name = f"data.source={spec}"
+    kind, _, rest = spec.partition(":")
+    if kind != "tfds" or not rest:
+        raise UserError(f"{name}: use tfds:NAME[/CONFIG][:SPLIT], a prepared TFDS image dataset (docs/vit.md)")
+    dataset, _, split = rest.partition(":")
+    builder = sources.prepared_tfds(dataset, {"data.image_field": image_field, "data.label_field": label_field},
+                                    name)
+    features = builder.info.features
+    image, label = features[image_field], features[label_field]
+    if not isinstance(image, tfds.features.Image):
+        found = [key for key, feature in features.items() if isinstance(feature, tfds.features.Image)]
+        raise UserError(f"{name}: its feature {image_field!r} is {image!r}, not an image: set "
+                        f"--config.data.image_field to one of its images ({', '.join(found) or 'it has none'})")
+    shape = tuple(image.shape)
+    if len(shape) != 3 or None in shape or shape[0] != shape[1] or shape[2] != 3 or image.np_dtype != np.uint8:
+        size = " x ".join("?" if side is None else str(side) for side in shape)
+        varies = " ('?': the size varies)" if None in shape else ""
+        raise UserError(f"{name}: its {image_field!r} images are {size} {np.dtype(image.np_dtype).name}{varies}: lm "
+                        "reads RGB images of one square size (H x H x 3, uint8) as they are, without resizing: use "
+                        "a dataset (or a config of one) of such images")
+    if not isinstance(label, tfds.features.ClassLabel):
+        found = [key for key, feature in features.items() if isinstance(feature, tfds.features.ClassLabel)]
+        raise UserError(f"{name}: its feature {label_field!r} is {label!r}, not a ClassLabel (which gives the "
+                        f"number of classes): set --config.data.label_field to one of its ClassLabel features "
+                        f"({', '.join(found) or 'it has none'})")
+    return TfdsImages(name, dataset, split or "train", builder, image_field, label_field, tuple(label.names),
+                      shape)
 
 
 def train_val_split(num_examples: int, num_val: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -274,14 +357,17 @@ class Augmentation:
     cutmix_alpha: float = 0.0  # 0: off
 
 
-def augmented_batch(images: np.ndarray, labels: np.ndarray, rng: np.random.Generator, aug: Augmentation) -> Batch:
-    """images (B, H, W, C) uint8, labels (B,) -> a training batch (see the module docstring; index all 0)."""
+def augmented_batch(images: np.ndarray, labels: np.ndarray, rng: np.random.Generator, aug: Augmentation,
+                    num_classes: int = NUM_CLASSES) -> Batch:
+    """images (B, H, W, C) uint8, labels (B,) in [0, num_classes) -> a training batch (see the module
+    docstring; index all 0)."""
     if aug.crop_padding > 0:
         images = random_crop(images, rng, aug.crop_padding)
     if aug.flip:
         images = random_flip(images, rng)
     images = randaugment(images, rng, aug.randaugment_ops, aug.randaugment_magnitude)
-    x, targets, _, _ = mix_batch(normalize(images), one_hot(labels), rng, aug.mixup_alpha, aug.cutmix_alpha)
+    x, targets, _, _ = mix_batch(normalize(images), one_hot(labels, num_classes), rng, aug.mixup_alpha,
+                                 aug.cutmix_alpha)
     return {
         "image": x.astype(np.float32),
         "label": labels.astype(np.int32),
@@ -301,13 +387,14 @@ class TrainBatches:
     `step` (see the module docstring for the order and the seeding)."""
 
     def __init__(self, images: np.ndarray, labels: np.ndarray, batch_size: int, seed: int,
-                 shard: tuple[int, int] = (0, 1), augmentation: Augmentation = Augmentation()):
+                 shard: tuple[int, int] = (0, 1), augmentation: Augmentation = Augmentation(),
+                 num_classes: int = NUM_CLASSES):
         index, count = shard
         if not 0 <= index < count:
             raise ValueError(f"shard index {index} is not in [0, {count})")
         self.images, self.labels = images, labels
         self.batch_size, self.global_batch_size = batch_size, batch_size * count
-        self.seed, self.shard, self.augmentation = seed, shard, augmentation
+        self.seed, self.shard, self.augmentation, self.num_classes = seed, shard, augmentation, num_classes
         self.steps_per_epoch = len(labels) // self.global_batch_size
         if self.steps_per_epoch == 0:
             raise UserError(f"{len(labels)} training images are fewer than one global batch of "
@@ -329,7 +416,7 @@ class TrainBatches:
         start = position * self.global_batch_size + index * self.batch_size
         rows = self.epoch_order(epoch)[start : start + self.batch_size]  # (B,)
         rng = np.random.default_rng([self.seed, 1, int(step), index])  # 1: apart from the epoch permutations
-        batch = augmented_batch(self.images[rows], self.labels[rows], rng, self.augmentation)
+        batch = augmented_batch(self.images[rows], self.labels[rows], rng, self.augmentation, self.num_classes)
         batch["index"] = rows.astype(np.int32)
         return batch
 
@@ -346,12 +433,12 @@ def worker_count(cpus: int | None = None) -> int:
 
 def train_batches(images: np.ndarray, labels: np.ndarray, batch_size: int, seed: int, shard: tuple[int, int] = (0, 1),
                   augmentation: Augmentation = Augmentation(), num_workers: int = 0,
-                  start_step: int = 0) -> grain.IterDataset:
+                  start_step: int = 0, num_classes: int = NUM_CLASSES) -> grain.IterDataset:
     """Endless, deterministic augmented training batches of batch_size rows per process, from
     batch number start_step on. num_workers 0: built in this process by one background thread
     (overlapping the train step); > 0: by that many worker processes (Grain mp_prefetch), each
     building every num_workers-th batch; -1: worker_count() of them. The sequence is the same either way."""
-    batches = TrainBatches(images, labels, batch_size, seed, shard, augmentation)
+    batches = TrainBatches(images, labels, batch_size, seed, shard, augmentation, num_classes)
     ds = grain.MapDataset.range(len(batches)).repeat().map_with_index(batches.at_step)[start_step:]
     num_workers = worker_count() if num_workers < 0 else num_workers
     if num_workers > 0:
@@ -360,7 +447,8 @@ def train_batches(images: np.ndarray, labels: np.ndarray, batch_size: int, seed:
     return ds.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=2))
 
 
-def eval_batches(images: np.ndarray, labels: np.ndarray, batch_size: int) -> list[Batch]:
+def eval_batches(images: np.ndarray, labels: np.ndarray, batch_size: int,
+                 num_classes: int = NUM_CLASSES) -> list[Batch]:
     """A split in order, unaugmented, as ceil(N / batch_size) fixed global batches: batch i holds
     examples [i * batch_size, (i + 1) * batch_size); the last is filled with dummy rows (zero image,
     label 0, zero targets, index -1, valid 0)."""
@@ -374,7 +462,7 @@ def eval_batches(images: np.ndarray, labels: np.ndarray, batch_size: int) -> lis
         out.append({
             "image": x,
             "label": label,
-            "targets": one_hot(np.where(valid, label, -1)),
+            "targets": one_hot(np.where(valid, label, -1), num_classes),
             "index": np.where(valid, rows, -1).astype(np.int32),
             "valid": valid.astype(np.int32),
         })

@@ -2,7 +2,8 @@
 
 Corpus ($LM_DATA_DIR/corpus/<name>.txt.gz, shared/data/README.md): one paragraph a line; documents are
 separated by one empty line (gutenberg_books, us_presidential_speeches), or start at a ` = Title = `
-line (wikitext2_valid, wikitext2_test; their ` = = Section = = ` lines are left out). Paragraphs are
+line (wikitext2_valid, wikitext2_test; their ` = = Section = = ` lines are left out). A document from a
+source (experiments/masked_lm.py) is one record's text, its paragraphs one a line (paragraphs). Paragraphs are
 split into sentences (after . ! ? and any closing quotes or brackets), and the sentences of the corpus
 are tokenized in encode_batch calls of BATCH_SENTENCES each (in parallel within a call).
 
@@ -77,6 +78,12 @@ def read_documents(name: str, max_documents: int = 0) -> list[list[str]]:
     if not documents:
         raise UserError(f"{path} holds no text; replace it with the corpus file ({CORPUS_HOW})")
     return documents[:max_documents] if max_documents else documents
+
+
+def paragraphs(document: str) -> list[str]:
+    """The paragraphs of one document's text, one a line as in a corpus file (read_documents): its non-blank
+    lines, stripped."""
+    return [line.strip() for line in document.split("\n") if line.strip()]
 
 
 def split_sentences(paragraph: str) -> list[str]:

@@ -14,7 +14,8 @@
 
 A Source yields its documents as (where, text) in a fixed order (files in sorted order, records in file
 order; a dataset's records by index), `where` naming the file and the record (`b.jsonl line 7`, `c.parquet
-row 12`, `<tfds folder> train record 3`). A record that gives no document is one UserError naming the
+row 12`, `<tfds folder> train record 3`). Given several fields (a sentence pair's two languages, say) it
+yields (where, the tuple of their texts) instead. A record that gives no document is one UserError naming the
 source, the file and the record: a missing or non-string text field, invalid UTF-8, a line that is not a JSON
 object, an empty file or split, a file that cannot be read (corrupt gzip or parquet: the whole file). With
 skip_bad_records such records (an unreadable file counting as one) are skipped and counted instead; the
@@ -58,33 +59,39 @@ class Bad:
     problem: str
 
 
-Record = tuple[str, "str | Bad"]  # (where, the document's text or what is wrong with it)
+Fields = Mapping[str, str]  # {the config option that names a field: the field}, in the order their texts come
+Record = tuple[str, "tuple[str, ...] | Bad"]  # (where, the texts of the record's fields or what is wrong with it)
 
 
 class Source:
     """The documents of a spec (module docstring): iterate it for (where, text) pairs, in order. Opening
     checks what concerns the whole source (UserErrors); bad records are met while iterating. option names
-    the spec in messages (e.g. data.source)."""
+    the spec in messages (e.g. data.source). text_field is the field of a record that holds its text (which
+    messages say data.text_field sets); or several, as Fields ({"data.source_field": "de",
+    "data.target_field": "en"}, say), and then each record gives the tuple of their texts, in that order."""
 
-    def __init__(self, spec: str, text_field: str = "text", skip_bad_records: bool = False, option: str = "source"):
+    def __init__(self, spec: str, text_field: "str | Fields" = "text", skip_bad_records: bool = False,
+                 option: str = "source"):
         self.name, self.skip_bad_records = f"{option}={spec}", skip_bad_records
+        self.one_field = isinstance(text_field, str)
+        fields = {"data.text_field": text_field} if self.one_field else dict(text_field)
         kind, _, rest = spec.partition(":")
         openers = {"files": open_files, "tfds": open_tfds, "hf": open_hf}
         if kind not in openers or not rest:
             raise UserError(f"{self.name}: use {SPEC_FORMS}")
-        self._records: Callable[[], Iterator[Record]] = openers[kind](rest, text_field, self.name)
+        self._records: Callable[[], Iterator[Record]] = openers[kind](rest, fields, self.name)
         self.skipped = 0  # the bad records the last pass skipped
 
-    def __iter__(self) -> Iterator[tuple[str, str]]:
+    def __iter__(self) -> Iterator[tuple[str, "str | tuple[str, ...]"]]:
         self.skipped, first = 0, None
-        for where, text in self._records():
-            if not isinstance(text, Bad):
-                yield where, text
+        for where, texts in self._records():
+            if not isinstance(texts, Bad):
+                yield where, texts[0] if self.one_field else texts
             elif self.skip_bad_records:
                 self.skipped += 1
-                first = first or f"{where}: {text.problem}"
+                first = first or f"{where}: {texts.problem}"
             else:
-                raise UserError(f"{self.name}: {where}: {text.problem}; {SKIP_HINT}")
+                raise UserError(f"{self.name}: {where}: {texts.problem}; {SKIP_HINT}")
         if first:
             print(f"warning: skipped {self.skipped} bad records of {self.name} (the first: {first})", file=sys.stderr)
 
@@ -97,11 +104,12 @@ def shard_documents(documents: Iterable[T], index: int, count: int) -> Iterator[
     return itertools.islice(documents, index, None, count)
 
 
-def field_text(record: Mapping[str, Any], field: str) -> "str | Bad":
-    """The text of record[field] (bytes are decoded as UTF-8), or what is wrong with it."""
+def field_text(record: Mapping[str, Any], field: str, option: str = "data.text_field") -> "str | Bad":
+    """The text of record[field] (bytes are decoded as UTF-8), or what is wrong with it (option: the config
+    option that names the field)."""
     if field not in record:
         fields = ", ".join(map(str, record)) or "none"
-        return Bad(f"has no field {field!r} (its fields: {fields[:200]}): set --config.data.text_field")
+        return Bad(f"has no field {field!r} (its fields: {fields[:200]}): set --config.{option}")
     value = record[field]
     if isinstance(value, bytes):
         try:
@@ -111,6 +119,18 @@ def field_text(record: Mapping[str, Any], field: str) -> "str | Bad":
     if not isinstance(value, str):
         return Bad(f"field {field!r} is {'null' if value is None else type(value).__name__}, not a string")
     return value
+
+
+def record_texts(record: Mapping[str, Any], fields: Fields) -> "tuple[str, ...] | Bad":
+    """The texts of record's fields, in order, or what is wrong with the first that gives none."""
+    texts = tuple(field_text(record, field, option) for option, field in fields.items())
+    return next((text for text in texts if isinstance(text, Bad)), texts)
+
+
+def first_missing(fields: Fields, present: Iterable[str]) -> tuple[str, str] | None:
+    """(option, field) of the first of fields that is not in present (a dataset's features), or None."""
+    present = set(present)
+    return next(((option, field) for option, field in fields.items() if field not in present), None)
 
 
 # --- files:GLOB --------------------------------------------------------------------------------------
@@ -133,7 +153,7 @@ def matching_files(pattern: str, name: str) -> list[pathlib.Path]:
                     f"absolute or relative to the working directory or ${DATA_DIR_ENV}")
 
 
-def open_files(pattern: str, field: str, name: str) -> Callable[[], Iterator[Record]]:
+def open_files(pattern: str, fields: Fields, name: str) -> Callable[[], Iterator[Record]]:
     readers = {".txt": read_text, ".txt.gz": read_text, ".jsonl": read_jsonl, ".jsonl.gz": read_jsonl,
                ".parquet": read_parquet}
     files = []
@@ -142,13 +162,16 @@ def open_files(pattern: str, field: str, name: str) -> Callable[[], Iterator[Rec
         if suffix is None:
             raise UserError(f"{name}: {path} is not a file lm reads: use {', '.join(readers)} files (or a glob "
                             "that leaves it out)")
+        if readers[suffix] is read_text and len(fields) > 1:
+            raise UserError(f"{name}: {path} is one text, not records with the fields "
+                            f"{', '.join(map(repr, fields.values()))}: use .jsonl, .jsonl.gz or .parquet files")
         files.append((path, readers[suffix]))
-    return lambda: (record for path, read in files for record in read(path, field))
+    return lambda: (record for path, read in files for record in read(path, fields))
 
 
-def read_text(path: pathlib.Path, field: str) -> Iterator[Record]:
-    """A .txt (or .txt.gz) file as one document."""
-    del field  # the whole file is the text
+def read_text(path: pathlib.Path, fields: Fields) -> Iterator[Record]:
+    """A .txt (or .txt.gz) file as one document (the text of its one field)."""
+    del fields  # the whole file is the text
     try:
         data = gzip.decompress(path.read_bytes()) if path.name.endswith(".gz") else path.read_bytes()
         text = data.decode("utf-8")
@@ -157,11 +180,11 @@ def read_text(path: pathlib.Path, field: str) -> Iterator[Record]:
     except (OSError, EOFError, zlib.error) as e:
         yield str(path), Bad(f"cannot be read ({type(e).__name__}: {e})")
     else:
-        yield str(path), text if text.strip() else Bad("is empty")
+        yield str(path), (text,) if text.strip() else Bad("is empty")
 
 
-def read_jsonl(path: pathlib.Path, field: str) -> Iterator[Record]:
-    """A JSON object a line (gzipped for .jsonl.gz), the document its field; blank lines are skipped. A
+def read_jsonl(path: pathlib.Path, fields: Fields) -> Iterator[Record]:
+    """A JSON object a line (gzipped for .jsonl.gz), the texts its fields; blank lines are skipped. A
     file that cannot be read from some line on (corrupt gzip) is bad from that line."""
     records, number = 0, 0
     try:
@@ -169,7 +192,7 @@ def read_jsonl(path: pathlib.Path, field: str) -> Iterator[Record]:
             for number, line in enumerate(lines, 1):
                 if line.strip():
                     records += 1
-                    yield f"{path} line {number}", json_text(line, field)
+                    yield f"{path} line {number}", json_texts(line, fields)
     except (OSError, EOFError, zlib.error) as e:
         yield f"{path} line {number + 1}", Bad(f"cannot be read ({type(e).__name__}: {e})")
         return
@@ -177,7 +200,7 @@ def read_jsonl(path: pathlib.Path, field: str) -> Iterator[Record]:
         yield str(path), Bad("is empty: no JSON lines")
 
 
-def json_text(line: bytes, field: str) -> "str | Bad":
+def json_texts(line: bytes, fields: Fields) -> "tuple[str, ...] | Bad":
     try:
         record = json.loads(line.decode("utf-8"))
     except UnicodeDecodeError as e:
@@ -185,13 +208,14 @@ def json_text(line: bytes, field: str) -> "str | Bad":
     except json.JSONDecodeError as e:
         return Bad(f"is not valid JSON ({e.msg} at column {e.colno})")
     if not isinstance(record, dict):
-        return Bad(f"is a JSON {type(record).__name__}, not an object with a field {field!r}")
-    return field_text(record, field)
+        names = ("a field " if len(fields) == 1 else "the fields ") + ", ".join(map(repr, fields.values()))
+        return Bad(f"is a JSON {type(record).__name__}, not an object with {names}")
+    return record_texts(record, fields)
 
 
-def read_parquet(path: pathlib.Path, field: str) -> Iterator[Record]:
-    """The field column of a parquet file, read a row group at a time. A file that cannot be read (or a
-    row group: the rest of the file) or that lacks the column is bad as a whole."""
+def read_parquet(path: pathlib.Path, fields: Fields) -> Iterator[Record]:
+    """The fields' columns of a parquet file, read a row group at a time. A file that cannot be read (or a
+    row group: the rest of the file) or that lacks a column is bad as a whole."""
     import pyarrow
     import pyarrow.parquet
 
@@ -202,9 +226,10 @@ def read_parquet(path: pathlib.Path, field: str) -> Iterator[Record]:
         yield str(path), Bad(f"cannot be read as parquet ({type(e).__name__}: {e})")
         return
     columns = parquet.schema_arrow.names
-    if field not in columns:
+    if missing := first_missing(fields, columns):
+        option, field = missing
         yield str(path), Bad(f"has no column {field!r} (its columns: {', '.join(columns)[:200]}): set "
-                             "--config.data.text_field")
+                             f"--config.{option}")
         return
     if parquet.metadata.num_rows == 0:
         yield str(path), Bad("is empty: no rows")
@@ -212,24 +237,53 @@ def read_parquet(path: pathlib.Path, field: str) -> Iterator[Record]:
     row = 0
     for group in range(parquet.num_row_groups):
         try:
-            values = parquet.read_row_group(group, columns=[field]).column(0).to_pylist()
+            records = parquet.read_row_group(group, columns=list(dict.fromkeys(fields.values()))).to_pylist()
         except unreadable as e:
             yield f"{path} row group {group}", Bad(f"cannot be read as parquet ({type(e).__name__}: {e})")
             return
-        for value in values:
-            yield f"{path} row {row}", field_text({field: value}, field)
+        for record in records:
+            yield f"{path} row {row}", record_texts(record, fields)
             row += 1
 
 
 # --- tfds:NAME[/CONFIG][:SPLIT] ----------------------------------------------------------------------
 
 
-def open_tfds(rest: str, field: str, name: str) -> Callable[[], Iterator[Record]]:
-    import tensorflow_datasets as tfds
-
+def open_tfds(rest: str, fields: Fields, name: str) -> Callable[[], Iterator[Record]]:
     dataset, _, split = rest.partition(":")
     split = split or "train"
-    data_dir = os.environ.get("TFDS_DATA_DIR") or os.path.expanduser("~/tensorflow_datasets")
+    builder = prepared_tfds(dataset, fields, name)
+    source = tfds_split(builder, dataset, split, name)
+
+    def records() -> Iterator[Record]:
+        where = f"{builder.data_dir} {split}"
+        if not len(source):
+            yield where, Bad("is empty: no records")
+        for start in range(0, len(source), TFDS_CHUNK):
+            chunk = source.__getitems__(list(range(start, min(start + TFDS_CHUNK, len(source)))))
+            for index, record in enumerate(chunk, start):
+                yield f"{where} record {index}", record_texts(record, fields)
+
+    return records
+
+
+def tfds_data_dir() -> str:
+    """Where tensorflow-datasets keeps prepared datasets: $TFDS_DATA_DIR, else ~/tensorflow_datasets."""
+    return os.environ.get("TFDS_DATA_DIR") or os.path.expanduser("~/tensorflow_datasets")
+
+
+def tfds_prepare_hint(dataset: str) -> str:
+    return (f"prepare it once where a network is: tfds build {dataset} --data_dir={tfds_data_dir()} "
+            "--file_format=array_record, or set TFDS_DATA_DIR to the folder that holds it")
+
+
+def prepared_tfds(dataset: str, fields: Fields, name: str):
+    """The tfds builder of dataset (NAME[/CONFIG]) prepared in $TFDS_DATA_DIR (else ~/tensorflow_datasets),
+    with every one of fields among its features. A UserError naming the source (name) where tensorflow-datasets
+    has no such dataset, it is not prepared there (saying how to prepare it), or it lacks a field."""
+    import tensorflow_datasets as tfds
+
+    data_dir = tfds_data_dir()
     verbosity = logging.get_verbosity()
     logging.set_verbosity(logging.ERROR)  # not its warning that a version folder lacks files: the error says so
     try:
@@ -240,39 +294,34 @@ def open_tfds(rest: str, field: str, name: str) -> Callable[[], Iterator[Record]
                         "https://www.tensorflow.org/datasets/catalog)") from None
     finally:
         logging.set_verbosity(verbosity)
-    prepare = (f"prepare it once where a network is: tfds build {dataset} --data_dir={data_dir} "
-               "--file_format=array_record, or set TFDS_DATA_DIR to the folder that holds it")
     if not prepared:
-        raise UserError(f"{name}: the TFDS dataset {dataset} is not prepared in {data_dir}: {prepare}")
+        raise UserError(f"{name}: the TFDS dataset {dataset} is not prepared in {data_dir}: "
+                        f"{tfds_prepare_hint(dataset)}")
     features = list(builder.info.features.keys())
-    if field not in features:
+    if missing := first_missing(fields, features):
+        option, field = missing
         raise UserError(f"{name}: the TFDS dataset {dataset} has no feature {field!r} (its features: "
-                        f"{', '.join(features)}): set --config.data.text_field")
+                        f"{', '.join(features)}): set --config.{option}")
+    return builder
+
+
+def tfds_split(builder, dataset: str, split: str, name: str):
+    """The split (a name, or a slice: train[:90%]) of a prepared builder as its random-access data source
+    (no TensorFlow). A UserError where it was prepared as TFRecord or has no such split."""
     try:
-        source = builder.as_data_source(split=split)
+        return builder.as_data_source(split=split)
     except NotImplementedError:  # prepared as TFRecord, which has no random access
         raise UserError(f"{name}: {builder.data_dir} holds TFRecord files, which tfds.data_source cannot read: "
-                        f"prepare it again with --file_format=array_record ({prepare})") from None
+                        f"prepare it again with --file_format=array_record ({tfds_prepare_hint(dataset)})") from None
     except (KeyError, ValueError) as e:
         raise UserError(f"{name}: the TFDS dataset {dataset} has no split {split!r} ({e}); its splits: "
                         f"{', '.join(builder.info.splits)}") from None
-
-    def records() -> Iterator[Record]:
-        where = f"{builder.data_dir} {split}"
-        if not len(source):
-            yield where, Bad("is empty: no records")
-        for start in range(0, len(source), TFDS_CHUNK):
-            chunk = source.__getitems__(list(range(start, min(start + TFDS_CHUNK, len(source)))))
-            for index, record in enumerate(chunk, start):
-                yield f"{where} record {index}", field_text(record, field)
-
-    return records
 
 
 # --- hf:NAME_OR_DIR[:CONFIG][:SPLIT] -----------------------------------------------------------------
 
 
-def open_hf(rest: str, field: str, name: str) -> Callable[[], Iterator[Record]]:
+def open_hf(rest: str, fields: Fields, name: str) -> Callable[[], Iterator[Record]]:
     """A saved dataset folder (load_from_disk), other local data (load_dataset of its files) or a Hub
     dataset, streamed; the library's errors become UserErrors naming the source."""
     try:
@@ -310,15 +359,16 @@ def open_hf(rest: str, field: str, name: str) -> Callable[[], Iterator[Record]]:
     except Exception as e:  # noqa: BLE001 (the library raises many kinds: ConnectionError, DatasetNotFoundError, ...)
         raise UserError(f"{name}: the datasets library cannot load it ({hf_reason(e)})") from None
     features = getattr(loaded, "features", None)
-    if features is not None and field not in features:
+    if features is not None and (missing := first_missing(fields, features)):
+        option, field = missing
         raise UserError(f"{name}: it has no field {field!r} (its fields: {', '.join(features)}): set "
-                        "--config.data.text_field")
+                        f"--config.{option}")
 
     def records() -> Iterator[Record]:
         index = -1
         try:
             for index, record in enumerate(loaded):
-                yield f"{where} {split} record {index}", field_text(record, field)
+                yield f"{where} {split} record {index}", record_texts(record, fields)
         except Exception as e:  # noqa: BLE001 (a stream can fail at any record: the network, a bad shard)
             raise UserError(f"{name}: the datasets library cannot read {where} {split} record {index + 1} "
                             f"({hf_reason(e)})") from None

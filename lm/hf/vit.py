@@ -44,14 +44,16 @@ def lm_fields(hf: dict) -> Fields:
 
 
 def hf_config(config: ml_collections.ConfigDict, vocab_size: int | None = None) -> dict:
-    """(vocab_size: unused; the images and classes are the experiment's, CIFAR-10's.)"""
+    """(vocab_size: unused.) The image size and classes are the run's: CIFAR-10's names, or for a data.source
+    transformers' default names (LABEL_0, ...) for its model.num_classes, which config.json records."""
     m = config.model
+    names = images.CLASS_NAMES if not config.data.get("source") else [f"LABEL_{k}" for k in range(m.num_classes)]
     return {
         "architectures": ["ViTForImageClassification"], "model_type": "vit", **encoder_config(config),
-        "image_size": images.IMAGE_SHAPE[0], "patch_size": m.patch_size, "num_channels": images.IMAGE_SHAPE[2],
-        "qkv_bias": m.use_bias,
-        "id2label": dict(enumerate(images.CLASS_NAMES)),
-        "label2id": {name: i for i, name in enumerate(images.CLASS_NAMES)},
+        "image_size": m.get("image_size", images.IMAGE_SHAPE[0]), "patch_size": m.patch_size,
+        "num_channels": images.IMAGE_SHAPE[2], "qkv_bias": m.use_bias,
+        "id2label": dict(enumerate(names)),
+        "label2id": {name: i for i, name in enumerate(names)},
     }
 
 
