@@ -169,7 +169,9 @@ class LanguageModel(Experiment):
         """Val cross-entropy in windows of each eval.context_lengths, e.g. twice the training length to
         see which positions extrapolate: 'val_cross_entropy_ctx128'. Learned positions have no table
         rows past the training length, so longer lengths are left out for them. (The corpus has no test
-        split; benchmarks/gpt_baby.py reports the loss over the whole val split.) Empty for synthetic ids."""
+        split; benchmarks/gpt_baby.py reports the loss over the whole val split.) For a mixture, also each
+        source's held-out documents alone at the training length: 'val_cross_entropy_source0', ... Empty for
+        synthetic ids."""
         e, trained_length = self.config.eval, self.config.data.context_length
         results = {}
         if self.config.data.dataset == "synthetic":
@@ -180,11 +182,11 @@ class LanguageModel(Experiment):
                 continue
             batches = self.val_windows(length)
             results[f"val_cross_entropy_ctx{length}"] = evaluate(batches)["cross_entropy"]
-            if self.val_documents is not None and len(self.val_documents) > 1:  # each component's alone
-                for j, documents in enumerate(self.val_documents):
-                    rows = packing.pack_documents(documents, length)
-                    batches = packing.eval_batches(rows, e.batch_size, e.num_batches)
-                    results[f"val_cross_entropy_ctx{length}_source{j}"] = evaluate(batches)["cross_entropy"]
+        if self.val_documents is not None and len(self.val_documents) > 1:  # each mixture source's alone
+            for j, documents in enumerate(self.val_documents):
+                rows = packing.pack_documents(documents, trained_length)
+                batches = packing.eval_batches(rows, e.batch_size, e.num_batches)
+                results[f"val_cross_entropy_source{j}"] = evaluate(batches)["cross_entropy"]
         return results
 
 

@@ -410,6 +410,6 @@ def test_a_gpt_trains_on_a_mixture_of_jsonl_sources_packed_by_document(corpus, t
     assert abs(shares[:, 0].mean() - 0.75) < 0.15, shares  # 3 logs of 4 batches of 8 rows
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["step"] == summary["step"] == 12 and results["val_cross_entropy_ctx16"] < np.log(VOCAB) - 0.3
-    assert results["val_cross_entropy_ctx16_source0"] < np.log(VOCAB) - 0.3
-    assert results["val_cross_entropy_ctx16_source1"] < np.log(VOCAB) - 0.3
+    assert results["val_cross_entropy_source0"] < np.log(VOCAB) - 0.3
+    assert results["val_cross_entropy_source1"] < np.log(VOCAB) - 0.3
     assert (tmp_path / "tokenizer.json").is_file() and list((tmp_path / "data_cache").glob("documents-*.pkl"))
