@@ -19,7 +19,7 @@ LAYERS = (
     ("lm.decode", "lm.hf"),
     ("lm.train.experiment", "lm.train.options"),
     ("experiments",),
-    ("lm.train",),
+    ("lm.train", "lm.eval"),
     ("lm.cli", "lm.__main__", "experiments.sweeps", "experiments.analysis"),
 )
 

@@ -9,19 +9,34 @@ experiment's evaluators (val_bleu, ...) and its held-out final results (test BLE
 Prints them and writes them to <out>/eval.json, with any files the final results write (decoded test
 sentences, plots); --out defaults to <workdir>/eval_<step>, so the run's own files stay as they are.
 The run's data is read again (the run's data cache and tokenizers are reused where it saved them).
+
+  lm eval --workdir=RUN | --hf=DIR --tasks=hellaswag,lambada_openai,arc_easy,arc_challenge,piqa,winogrande,wikitext \
+      [--limit=N] [--hf_tokenizer=tokenizer.json] [--batch_size=32] [--out=DIR]
+
+With --tasks: the standard zero-shot tasks scored as lm-evaluation-harness scores them (lm/eval, docs/evaluation.md),
+on the first --limit documents of each (default: all), from $LM_DATA_DIR; the model is the run's GPT at --step (its
+BPE tokenizer) or the Hugging Face folder --hf (GPT-2 or Llama, with its tokenizer.json or --hf_tokenizer). Prints a
+table (task, metric, value, stderr, documents) and writes <out>/eval.json (default: <workdir>/tasks_<step>, or
+DIR/tasks).
 """
 
 import pathlib
 
 from absl import app, flags, logging
 
-from lm.cli import define_string_once, define_workdir, parse_flags, reject_arguments
+from lm.cli import define_string_once, parse_flags, reject_arguments
 from lm.cli.resolve import find_experiment, load_config
-from lm.errors import UserError, run_user_errors
+from lm.errors import UserError, fail, run_user_errors
 
-_WORKDIR = define_workdir("A run folder written by lm train.")
+_WORKDIR = define_string_once("workdir", "A run folder written by lm train.")
 _STEP = flags.DEFINE_integer("step", None, "The checkpoint's step (default: the latest).")
 _OUT = define_string_once("out", "Where eval.json and the results' files go (default: <workdir>/eval_<step>).")
+_TASKS = flags.DEFINE_string("tasks", None, "Zero-shot tasks to score, comma-separated (lm/eval/tasks.py): "
+                                            "hellaswag,lambada_openai,arc_easy,arc_challenge,piqa,winogrande,wikitext.")
+_LIMIT = flags.DEFINE_integer("limit", None, "With --tasks: the first N documents of each task (default: all).")
+_HF = define_string_once("hf", "With --tasks, instead of --workdir: a Hugging Face model folder (GPT-2, Llama).")
+_HF_TOKENIZER = flags.DEFINE_string("hf_tokenizer", None, "With --hf: its tokenizer.json (default: DIR's).")
+_BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "With --tasks: sequences per scoring batch.")
 
 
 def evaluate(workdir: pathlib.Path, step: int | None, out: str | None) -> dict[str, float]:
@@ -38,10 +53,63 @@ def evaluate(workdir: pathlib.Path, step: int | None, out: str | None) -> dict[s
     return results
 
 
+def score_tasks(tasks: str, limit: int | None, workdir: str | None, hf: str | None, step: int | None = None,
+                out: str | None = None, tokenizer: str | None = None, batch_size: int = 32) -> list:
+    """The tasks scored on the run in workdir (at step) or the Hugging Face folder hf, printed as a table and
+    written to out/eval.json; returns lm.eval.report's TaskResults."""
+    from lm.eval import models, report
+    from lm.eval.scoring import Scorer
+    from lm.eval.tasks import check_data, parse_tasks
+
+    chosen = parse_tasks(tasks)
+    if (workdir is None) == (hf is None):
+        raise UserError("--tasks scores one model: give --workdir=RUN (a run of lm train) or --hf=DIR (a Hugging "
+                        "Face folder), not both")
+    if (limit is not None and limit < 1) or batch_size < 1:
+        raise UserError(f"--limit={limit}, --batch_size={batch_size}: give positive counts (no --limit: all documents)")
+    check_data(chosen)
+    if hf is not None:
+        from configs.base import language_model
+
+        config = models.hf_config(hf, language_model("token_file"))
+        experiment = find_experiment(config.experiment).from_workdir(config, None)
+        params = models.hf_params(hf, config, experiment.init)
+        tokenizer_found, prefix = models.hf_tokenizer(hf, tokenizer)
+        scorer = Scorer(lambda p, ids: experiment.model.apply({"params": p}, ids), params,
+                               models.encoder(tokenizer_found), config.data.context_length, prefix, batch_size)
+        folder, name = pathlib.Path(out or pathlib.Path(hf).expanduser() / "tasks"), hf
+    else:
+        from lm.train.checkpoint import finished_steps
+        from lm.train.setup import checkpoint_directory, restore_params
+
+        run = pathlib.Path(workdir)
+        config = load_config(run)
+        if config.experiment != "language_model":
+            raise UserError(f"{run} holds a {config.experiment!r} run: --tasks scores language models")
+        experiment = find_experiment(config.experiment).from_workdir(config, run)
+        params = restore_params(config, experiment, run, step)
+        step = step if step is not None else max(finished_steps(pathlib.Path(checkpoint_directory(config, run))))
+        scorer = models.run_scorer(experiment.model, params, experiment.tokenizer, config.data.context_length,
+                                   batch_size)
+        folder, name = pathlib.Path(out or run / f"tasks_{step}"), f"{run} step {step}"
+    results = report.evaluate(scorer, chosen, limit)
+    print(report.table(results))
+    report.write(results, folder / report.EVAL_FILE, name, limit)
+    print(f"written: {folder / report.EVAL_FILE}")
+    return results
+
+
 def main(argv: list[str]) -> None:
     reject_arguments(argv)
     logging.set_verbosity(logging.WARNING)
-    run_user_errors(lambda: evaluate(pathlib.Path(_WORKDIR.value), _STEP.value, _OUT.value))
+    if _TASKS.value is not None:
+        run_user_errors(lambda: score_tasks(_TASKS.value, _LIMIT.value, _WORKDIR.value, _HF.value, _STEP.value,
+                                            _OUT.value, _HF_TOKENIZER.value, _BATCH_SIZE.value))
+    elif not (_WORKDIR.value or "").strip():
+        fail("--workdir is missing or empty: pass --workdir=DIR, a run folder written by lm train (or --tasks=... "
+             "with --workdir or --hf)")
+    else:
+        run_user_errors(lambda: evaluate(pathlib.Path(_WORKDIR.value), _STEP.value, _OUT.value))
 
 
 def run() -> None:

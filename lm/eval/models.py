@@ -1,0 +1,107 @@
+"""What the tasks score: a GPT (lm/models/gpt.py) with its params and tokenizer, as a Scorer (lm/eval/scoring.py).
+
+  run_scorer(model, params, tokenizer, context_length)  an lm run's model (the command restores its checkpoint)
+  hf_config(directory, base)                           the run config a Hugging Face folder implies (GPT-2, Llama)
+  hf_params(directory, config, init)                   its weights in lm's names (as init_from=hf:DIR reads them)
+  hf_tokenizer(directory)                              its tokenizer.json, and the prefix token the harness uses
+
+Texts are encoded as transformers' tokenizers encode them in the harness (special tokens added as the tokenizer
+adds them by default, e.g. a Llama tokenizer's BOS). Scoring runs in float32 on one device.
+"""
+
+import json
+import pathlib
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import tokenizers
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from lm.data import bpe, text
+from lm.errors import UserError
+from lm.eval.scoring import Scorer
+from lm.hf.files import Folder
+from lm.hf.source import following
+from lm.train import init_from
+
+HARNESS_MAX_LENGTH = 2048  # the harness's context when neither config.json nor the tokenizer gives one
+LENGTH_FIELDS = ("n_positions", "max_position_embeddings", "n_ctx")  # config.json's context, in the harness's order
+TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG = "tokenizer_config.json"
+
+
+def run_scorer(model: nn.Module, params, tokenizer, context_length: int, batch_size: int = 32) -> Scorer:
+    """The Scorer of an lm run's GPT: its tokenizer a byte-level BPE (lm prepare's, or GPT-2's); a character-level
+    or token-id run is a UserError (scoring them on word tasks is not done yet)."""
+    if not isinstance(tokenizer, bpe.BPETokenizer):
+        kind = "a character vocabulary" if isinstance(tokenizer, text.CharTokenizer) else "no tokenizer (token ids)"
+        raise UserError(f"this run has {kind}: the tasks are text, scored through a BPE tokenizer; evaluate a run "
+                        "trained with data.tokenizer (lm prepare, or gpt2)")
+    return Scorer(lambda p, ids: model.apply({"params": p}, ids), params, encoder(tokenizer.tokenizer),
+                  context_length, tokenizer.end_of_text_id, batch_size)
+
+
+def encoder(tokenizer: tokenizers.Tokenizer):
+    """text -> ids, with the special tokens the tokenizer's post-processor adds (none for GPT-2's)."""
+    return lambda text: tokenizer.encode(text).ids
+
+
+def hf_max_length(hf: dict, tokenizer_config: dict) -> int:
+    """The harness's context of a Hugging Face model: config.json's n_positions, max_position_embeddings or n_ctx,
+    else the tokenizer's model_max_length, else 2048."""
+    for field in LENGTH_FIELDS:
+        if hf.get(field):
+            return int(hf[field])
+    return int(tokenizer_config.get("model_max_length") or HARNESS_MAX_LENGTH)
+
+
+def read_tokenizer_config(directory: pathlib.Path) -> dict:
+    path = directory / TOKENIZER_CONFIG
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def hf_config(directory: str, base: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """base (a language_model config) with the model fields the folder's config.json implies, float32, layers
+    unrolled, and data.context_length the harness's context of the model (hf_max_length)."""
+    folder = pathlib.Path(directory).expanduser()
+    hf = Folder(folder, f"--hf={directory}").config
+    config = following(str(folder), base)
+    config.model.update(compute_dtype="float32", scan_layers=False)
+    config.data.context_length = hf_max_length(hf, read_tokenizer_config(folder))
+    return config
+
+
+def hf_params(directory: str, config: ml_collections.ConfigDict, init) -> dict:
+    """The folder's weights as the params of the model config describes (init: rng -> its variables), on the first
+    device; read as init_from=hf:DIR reads them (lm/hf/source.py)."""
+    abstract = nn.unbox(jax.eval_shape(init, jax.random.key(0))["params"])
+    fresh = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), abstract)
+    mesh = Mesh(np.array(jax.devices()[:1]), ("devices",))
+    shardings = jax.tree.map(lambda _: NamedSharding(mesh, PartitionSpec()), fresh)
+    plan = init_from.prepare(f"{init_from.HF_PREFIX}{directory}", "", abstract, None, config)
+    return plan.load(fresh, shardings, mesh)
+
+
+def token_id(tokenizer: tokenizers.Tokenizer, token) -> int | None:
+    """The id of a tokenizer_config.json token (a string, or {"content": ...}); None when it names none."""
+    if isinstance(token, dict):
+        token = token.get("content")
+    return tokenizer.token_to_id(token) if isinstance(token, str) else None
+
+
+def hf_tokenizer(directory: str, tokenizer_file: str | None = None) -> tuple[tokenizers.Tokenizer, int | None]:
+    """(the folder's tokenizer.json, or tokenizer_file; the prefix token the harness uses: the BOS of
+    tokenizer_config.json, else its EOS, else <|endoftext|>); a folder without one is a UserError."""
+    folder = pathlib.Path(directory).expanduser()
+    path = pathlib.Path(tokenizer_file).expanduser() if tokenizer_file else folder / TOKENIZER_FILE
+    if not path.is_file():
+        raise UserError(f"{path} not found: the tasks are text, so --hf needs the model's tokenizer; save it into "
+                        "the folder (tokenizer.save_pretrained(DIR) in transformers) or give --hf_tokenizer=FILE")
+    tokenizer = bpe.BPETokenizer.load(path).tokenizer
+    settings = read_tokenizer_config(folder)
+    candidates = [token_id(tokenizer, settings.get(name)) for name in ("bos_token", "eos_token")]
+    prefix = next((i for i in candidates if i is not None), tokenizer.token_to_id(bpe.END_OF_TEXT))
+    return tokenizer, prefix

@@ -1,0 +1,172 @@
+"""The zero-shot tasks (lm/eval) against lm-evaluation-harness itself: tests/fixtures/eval/make_fixtures.py ran the
+harness's Hugging Face model (torch) on two tiny random folders (GPT-2 and Llama, with a 131-id BPE) over 8 documents
+of every task (3 WikiText pages) and recorded every request's log-likelihood and is_greedy and the metrics; lm
+scores the same folders on the same documents and must agree: each request's log-likelihood to 1e-4 (or 1e-6 of it,
+where float32's spacing is coarser), each WikiText page's (a sum of many windows) to 1e-7 of it, is_greedy and every
+accuracy and standard error exactly.
+Then the pieces against direct references: the pair tokenisation, the rolling windows, the bucketed batches with
+their cut from the left, the task texts, and bad input."""
+
+import importlib.util
+import json
+import math
+import pathlib
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs.base import language_model
+from experiments.language_model import from_workdir
+from lm.cli.eval import score_tasks
+from lm.errors import UserError
+from lm.eval import models, report, tasks
+from lm.eval.scoring import Scorer, encode_pair, rolling_windows, token_loglikelihoods
+
+FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "eval"
+TOLERANCE = 1e-4
+RELATIVE = 1e-6  # float32 sums of hundreds (HellaSwag, PIQA: -800) are 6e-5 apart at the last bit
+
+
+@pytest.fixture(scope="session")
+def small_data_dir(data_dir, tmp_path_factory) -> pathlib.Path:
+    """A small $LM_DATA_DIR holding the documents the fixtures were made on, cut from the real one as
+    make_fixtures.py cuts it (no task data is committed)."""
+    spec = importlib.util.spec_from_file_location("eval_fixtures", FIXTURES / "make_fixtures.py")
+    make_fixtures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_fixtures)
+    out = tmp_path_factory.mktemp("eval_data")
+    make_fixtures.make_data(out, tmp_path_factory.mktemp("eval_harness_docs"))
+    return out
+
+
+@pytest.fixture
+def eval_data(small_data_dir, monkeypatch):
+    """$LM_DATA_DIR: the small one of the fixtures' documents."""
+    monkeypatch.setenv("LM_DATA_DIR", str(small_data_dir))
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_every_task_scores_as_the_harness_scores_it(name, eval_data):
+    folder = str(FIXTURES / name)
+    config = models.hf_config(folder, language_model("token_file"))
+    experiment = from_workdir(config, None)
+    tokenizer, prefix = models.hf_tokenizer(folder)
+    scorer = Scorer(lambda p, ids: experiment.model.apply({"params": p}, ids),
+                    models.hf_params(folder, config, experiment.init), models.encoder(tokenizer),
+                    config.data.context_length, prefix, batch_size=8, num_buckets=1)  # one program to compile
+    assert (config.data.context_length, prefix) == (256, 0)
+    expected = json.loads((FIXTURES / f"{name}.json").read_text())["tasks"]
+    results = report.evaluate(scorer, list(tasks.TASKS.values()))
+    assert [r.task.name for r in results] == list(expected)
+    for result in results:
+        theirs = expected[result.task.name]
+        assert result.documents == len(theirs["responses"]) == (3 if result.task.name == "wikitext" else 8)
+        if result.task.kind == "rolling":
+            np.testing.assert_allclose(result.responses, [r[0] for r in theirs["responses"]], rtol=1e-7, atol=0)
+        else:
+            for ours, reference in zip(result.responses, theirs["responses"], strict=True):
+                np.testing.assert_allclose([ll for ll, _ in ours], [ll for ll, _ in reference], rtol=RELATIVE,
+                                           atol=TOLERANCE)
+                assert [greedy for _, greedy in ours] == [greedy for _, greedy in reference]
+        for metric, value in theirs["metrics"].items():
+            if "perplexity" in metric or metric == "bits_per_byte":  # exp of a mean of float32 sums
+                if metric.endswith("_stderr"):  # the harness bootstraps LAMBADA's; lm gives none
+                    assert result.metrics[metric] is None
+                else:
+                    np.testing.assert_allclose(result.metrics[metric], value, rtol=1e-5)
+            else:
+                assert result.metrics[metric] == pytest.approx(value, rel=1e-12, abs=0), metric
+        assert set(result.metrics) == {m for m in result.task.metrics} | {f"{m}_stderr" for m in result.task.metrics}
+
+
+def test_the_command_prints_the_table_and_writes_eval_json(eval_data, tmp_path, capsys):
+    results = score_tasks("winogrande", 2, None, str(FIXTURES / "gpt2"), out=str(tmp_path), batch_size=4)
+    printed = capsys.readouterr().out
+    assert "winogrande | acc    | " in printed and f"written: {tmp_path / 'eval.json'}" in printed
+    written = json.loads((tmp_path / "eval.json").read_text())
+    assert written["limit"] == 2 and written["tasks"]["winogrande"]["documents"] == 2
+    assert written["tasks"]["winogrande"]["acc"] == results[0].metrics["acc"]
+
+
+def test_bad_input_is_one_line(eval_data, tmp_path, monkeypatch):
+    with pytest.raises(UserError, match="unknown task 'helaswag'; the tasks are hellaswag, lambada_openai, arc_easy"):
+        score_tasks("helaswag,piqa", None, None, str(FIXTURES / "gpt2"))
+    with pytest.raises(UserError, match="give --workdir=RUN .* or --hf=DIR .* not both"):
+        score_tasks("piqa", None, "run", str(FIXTURES / "gpt2"))
+    monkeypatch.setenv("LM_DATA_DIR", str(tmp_path))
+    with pytest.raises(UserError, match=f"data file piqa/valid.jsonl not found \\(looked at: {tmp_path}/piqa"):
+        score_tasks("piqa", None, None, str(FIXTURES / "gpt2"))
+    with pytest.raises(UserError, match="tokenizer.json not found: the tasks are text"):
+        models.hf_tokenizer(str(tmp_path))
+
+
+def test_a_pair_is_tokenised_whole_and_split_after_the_context():
+    """The context's trailing spaces move to the continuation; the continuation is the whole text's ids after the
+    context's own count (here 'ab' is one token, so the continuation starts inside it)."""
+
+    def encode(text):  # 'ab' one token (9), every other character its code
+        ids, i = [], 0
+        while i < len(text):
+            ids.append(9 if text[i:i + 2] == "ab" else ord(text[i]))
+            i += 2 if text[i:i + 2] == "ab" else 1
+        return ids
+
+    assert encode_pair(encode, "xa", "b", 0) == ([ord("x"), ord("a")], [])  # whole = x, ab
+    assert encode_pair(encode, "x  ", "y", 0) == ([ord("x")], [32, 32, ord("y")])
+    assert encode_pair(encode, "", "xy", 0) == ([0], [ord("x"), ord("y")])
+
+
+def test_rolling_windows_predict_every_token_once_as_the_harness_windows_do():
+    for length, max_length in [(1, 4), (4, 4), (5, 4), (11, 4), (9, 3)]:
+        ids = list(range(10, 10 + length))
+        windows = rolling_windows(ids, -1, max_length)
+        assert [t for _, continuation in windows for t in continuation] == ids
+        assert windows[0][0] == [-1]
+        for context, continuation in windows[1:]:
+            start = ids.index(continuation[0])
+            assert context == ids[start - len(context):start]
+            assert len(context) == (1 if len(continuation) == max_length else max_length + 1 - len(continuation))
+
+
+def test_bucketed_batches_equal_a_direct_computation_with_the_cut_from_the_left():
+    """A bigram model (logits of a token depend on it alone): each request's answer, computed on its own in numpy,
+    over requests of several lengths (some longer than the context, cut from the left) in batches of 3."""
+    rng = np.random.default_rng(0)
+    table = rng.normal(size=(7, 7)).astype(np.float32)
+    table[3, 5] = 9.0  # after 3, 5 is the argmax: a greedy continuation
+    scorer = Scorer(lambda params, ids: params[ids], jnp.asarray(table), None, max_length=8, prefix_token_id=0,
+                    batch_size=3, num_buckets=2)
+    requests = [([1, 2, 3], [5]), ([3], [5, 6]), (list(rng.integers(0, 7, 12)), [4, 4]), ([2] * 5, [3, 5, 1])]
+    log_probs = table - np.log(np.exp(table).sum(-1, keepdims=True))
+    for (context, continuation), (loglikelihood, greedy) in zip(requests, token_loglikelihoods(scorer, requests),
+                                                                strict=True):
+        sequence = [*context, *continuation][-9:]
+        pairs = list(zip(sequence[:-1], sequence[1:], strict=True))[-len(continuation):]
+        assert loglikelihood == pytest.approx(sum(log_probs[a, b] for a, b in pairs), abs=1e-5)
+        assert greedy == all(table[a].argmax() == b for a, b in pairs)
+    assert token_loglikelihoods(scorer, requests[:2])[0][1] is True
+    with pytest.raises(UserError, match="a continuation of 9 tokens after 1 of context: the model reads 8 tokens"):
+        token_loglikelihoods(scorer, [([1], [2] * 9)])
+
+
+def test_task_texts_follow_the_harness(eval_data):
+    hellaswag = tasks.documents(tasks.TASKS["hellaswag"], 5)
+    assert hellaswag[0].requests[0][0] == "Roof shingle removal: A man is sitting on a roof. He"
+    assert hellaswag[0].gold == 3 and all(c.startswith(" ") for _, c in hellaswag[0].requests)
+    assert "[" not in hellaswag[4].requests[0][0] and ". " in hellaswag[4].requests[0][0]  # a WikiHow row
+    assert tasks.hellaswag_text(" a [title] b  [step] c ") == "a. b  c"  # one pass of "  " -> " ", as the harness
+    (winogrande,) = tasks.documents(tasks.TASKS["winogrande"], 1)
+    assert winogrande.requests == (("Sarah was a much better surgeon than Maria so Sarah", " always got the easier "
+                                    "cases."), ("Sarah was a much better surgeon than Maria so Maria",
+                                                " always got the easier cases."))
+    assert winogrande.gold == 1
+    (lambada,) = tasks.documents(tasks.TASKS["lambada_openai"], 1)
+    assert lambada[0].startswith("In my palm is a clear stone") and lambada[1] == " signs"
+    (arc,) = tasks.documents(tasks.TASKS["arc_easy"], 1)
+    assert arc.requests[0][0].startswith("Question: ") and arc.requests[0][0].endswith("\nAnswer:")
+    pages = tasks.documents(tasks.TASKS["wikitext"])
+    assert len(pages) == 3 and pages[0].text.startswith(" = Robert <unk> =\n\nRobert <unk> is")
+    assert tasks.detokenize_wikitext("a @-@ b , c ( d ) 's") == "a-b, c (d)'s"
+    assert tasks.mean_stderr([1.0, 0.0, 0.0, 1.0]) == pytest.approx(np.std([1, 0, 0, 1], ddof=1) / math.sqrt(4))
+    assert tasks.mean_stderr([1.0]) is None
