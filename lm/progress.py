@@ -14,8 +14,6 @@ import itertools
 import time
 from collections.abc import Callable, Iterable, Sized
 
-import jax
-
 PROGRESS_SECONDS = 10.0  # a line at most this often, and none for a pass shorter than this
 
 
@@ -66,6 +64,8 @@ def await_each(results: Iterable, progress: Progress, sizes: Iterable[int] | Non
     time it is drawn, as a list. Each is counted on progress (with its size from sizes, default 1)
     once it is ready, which is waited for only after the next one is dispatched: the device always
     has work queued, and the progress counts finished work, not dispatched work."""
+    import jax  # (here: a Progress of a command that runs no JAX, lm prepare's, spares its import)
+
     sizes = itertools.repeat(1) if sizes is None else iter(sizes)
 
     def finish(result) -> None:

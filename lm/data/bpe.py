@@ -60,6 +60,17 @@ def split_text(text: str, size: int) -> list[str]:
     return [*pieces, text[start:]]
 
 
+def splits_exactly(tokenizer: tokenizers.Tokenizer) -> bool:
+    """Whether split_text's pieces of any text encode, joined, to the text's own ids with this tokenizer:
+    byte_level_pipeline's pre-tokenizer (GPT-2's regex, no prefix space), no normalizer, and no added token
+    holding a newline. Other tokenizers (a normalizer, another pre-tokenizer's regex) may join a newline to
+    the character before it."""
+    pre_tokenizer = tokenizer.pre_tokenizer
+    return (tokenizer.normalizer is None and isinstance(pre_tokenizer, pre_tokenizers.ByteLevel)
+            and pre_tokenizer.use_regex and not pre_tokenizer.add_prefix_space
+            and not any("\n" in token.content for token in tokenizer.get_added_tokens_decoder().values()))
+
+
 def read_gpt2_files(vocab_path: pathlib.Path, merges_path: pathlib.Path) -> tuple[dict[str, int], list[tuple]]:
     """(vocabulary {token: id}, merges [(a, b)] by priority) from GPT-2's vocab.json (gzipped or not)
     and merges.txt; an unreadable file is a UserError naming it."""
