@@ -10,9 +10,10 @@ multiple of 128, so the embedding and the logits split evenly and map onto whole
         AdamW 6e-4 (b2 0.95, weight decay 0.1), 700 warmup steps, cosine to 6e-5 at 19,073 steps
         (10B tokens). Reference points: val loss about 3.3 on OpenWebText/FineWeb at 10B tokens
         (llm.c). Not yet run here (no accelerator so far). On FineWeb-Edu's 10B-token sample: lm prepare
-        --source=files:.../*.parquet into token shards, then --config.data.source=tokens:DIR (docs/data.md). Its 12 layers are unrolled: on an H100
-        (jax 0.11.2, batch 16 x 1024) the scanned stack took 54.1 ms a step and 17.3 GiB, the
-        unrolled one 38.3 ms and 11.9 GiB (--config.model.scan_layers=true halves the compile).
+        --source=files:.../*.parquet into token shards, then --config.data.source=tokens:DIR (docs/data.md).
+        Its 12 layers are unrolled: on an H100 (jax 0.11.2, batch 16 x 1024) the scanned stack took
+        54.1 ms a step and 17.3 GiB, the unrolled one 38.3 ms and 11.9 GiB (--config.model.scan_layers=true
+        halves the compile).
   350m  24 layers, 16 heads, 1024 wide: 350M parameters; lr 3e-4, scanned layers, remat of everything
         but the weight matmuls (dots_no_batch) and a chunked loss to fit larger micro-batches.
   774m  36 layers, 20 heads, 1280 wide: 774M parameters; lr 2.5e-4, the same memory savings.
