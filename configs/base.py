@@ -115,6 +115,9 @@ def language_model(dataset: str = "tinyshakespeare") -> ml_collections.ConfigDic
         batch_size=option(48, "val windows per eval batch", bounds=at_least(1)),
         num_batches=option(8, "val batches per evaluation (the same ones every time)", bounds=at_least(1)),
         context_lengths=option((), "val lengths scored after training, e.g. (128,): twice the training one"),
+        benchmarks=option("", "zero-shot tasks scored at every eval, task:N (its first N documents), comma-separated, "
+                              "e.g. hellaswag:500,arc_easy:200: logged as hellaswag_acc_norm, ... (BPE runs; "
+                              "docs/evaluation.md); '' = none"),
     )
 
     config.sample = declare(

@@ -15,10 +15,13 @@ import numpy as np
 from lm.data import bpe, mixture, packing, run_cache, sources, text, token_shards, tokens
 from lm.decode.generate import generate
 from lm.errors import UserError
+from lm.eval.benchmarks import benchmark_evaluators, parse_benchmarks
+from lm.eval.scoring import Scorer, gpt_apply
+from lm.eval.tasks import check_data
 from lm.losses import masked_mean, moe_objective
 from lm.models.config import transformer_config
 from lm.models.gpt import GPT, GPTConfig, flops_per_token
-from lm.train.experiment import Experiment
+from lm.train.experiment import Evaluator, Experiment
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKEN_SOURCES = ("token_file", "synthetic")  # data.dataset values that give token ids (a tokenizer optional)
@@ -110,7 +113,7 @@ class LanguageModel(Experiment):
             return mixture.MixtureBatches(self.train_rows, weights, batch_size, seed, shard, start_step)
         if self.train_rows is not None:
             return packing.train_batches(self.train_rows[0], batch_size, seed, shard, start_step)
-        if dataset == "token_file":
+        if dataset in ("token_file", SOURCE):  # ids as stored (uint16, memory-mapped), int32 per batch
             return tokens.train_windows(
                 self.train_tokens, length, batch_size, seed, shard, start_step, self.vocab_size
             )
@@ -131,21 +134,34 @@ class LanguageModel(Experiment):
                 return packing.eval_batches(rows[0], e.batch_size, e.num_batches)
             weights = [component.weight for component in self.components]  # each component's own, mixed
             return list(itertools.islice(mixture.MixtureBatches(rows, weights, e.batch_size, seed=0), e.num_batches))
-        if dataset == "token_file":
+        if dataset in ("token_file", SOURCE):
             return tokens.eval_windows(self.val_tokens, length, e.batch_size, e.num_batches, self.vocab_size)
         return text.eval_windows(self.val_tokens, length, e.batch_size, e.num_batches, seed=0)
 
     def flops_per_example(self, active_params: int) -> float:
         return flops_per_token(self.model.config, active_params) * self.config.data.context_length
 
+    def evaluators(self) -> list[Evaluator]:
+        """The zero-shot tasks of eval.benchmarks (lm/eval/benchmarks.py: hellaswag_acc_norm, ...) every eval.every
+        steps, scored with the GPT and its BPE tokenizer (build checked there is one) in batches of eval.batch_size
+        sequences; none when eval.benchmarks is ''."""
+        spec = self.config.eval.get("benchmarks", "")  # (runs saved before the option: none)
+        if not spec:
+            return []
+        tokenizer = self.tokenizer.tokenizer
+        scorer = Scorer(gpt_apply(self.model), None, lambda text: tokenizer.encode(text).ids,
+                        self.config.data.context_length, self.tokenizer.end_of_text_id, self.config.eval.batch_size)
+        return benchmark_evaluators(spec, self.config.eval.every, scorer)
+
     def save_assets(self, workdir: pathlib.Path) -> None:
         super().save_assets(workdir)
         if self.tokenizer is not None:  # token ids without data.tokenizer: nothing to decode them with
             self.tokenizer.save(workdir / TOKENIZER_FILE)
 
-    def export_vocabulary(self) -> tuple[int, None]:
-        """The model's vocabulary; the tokenizer stays in the run folder (characters or BPE ids)."""
-        return self.vocab_size, None
+    def export_vocabulary(self) -> tuple[int, bpe.BPETokenizer | None]:
+        """The model's vocabulary, and its byte-level BPE (written into the exported folder); a character
+        vocabulary (lm's own format) stays in the run folder."""
+        return self.vocab_size, self.tokenizer if isinstance(self.tokenizer, bpe.BPETokenizer) else None
 
     def sample(self, params, prompt: str, max_new_tokens: int, temperature: float, top_k: int,
                seed: int = 0, top_p: float = 1.0) -> str:
@@ -200,6 +216,7 @@ def build(config: ml_collections.ConfigDict, workdir: pathlib.Path | None = None
     if d.get("tokenizer") and d.dataset not in ("token_file", SOURCE):
         raise UserError(f"data.tokenizer is for data.dataset='token_file' (the ids it wrote) or 'source' (to encode "
                         f"its documents), not {d.dataset!r}: drop data.tokenizer")
+    check_benchmarks(config)
     if d.dataset in text.DATASETS:
         cache = run_cache.DataCache(workdir)
         tokenizer, ids = text_ids(config, workdir, cache)
@@ -226,6 +243,22 @@ def build(config: ml_collections.ConfigDict, workdir: pathlib.Path | None = None
         opened.append(tokens.open_tokens(d[field], d.get("token_dtype", "uint16"), d.context_length,
                                          vocab_size, f"data.{field}"))
     return LanguageModel(config, tokenizer, *opened)
+
+
+def check_benchmarks(config: ml_collections.ConfigDict) -> None:
+    """eval.benchmarks, before any data is read: its tasks and counts (lm/eval/benchmarks.py), a BPE tokenizer to
+    score their text with (data.tokenizer) and their files in $LM_DATA_DIR; a UserError otherwise."""
+    spec = config.eval.get("benchmarks", "")
+    chosen = parse_benchmarks(spec)
+    if not chosen:
+        return
+    d = config.data
+    if d.dataset not in (*TOKEN_SOURCES, SOURCE) or not d.get("tokenizer"):
+        kind = f"reads {d.dataset} as characters" if d.dataset in text.DATASETS else "has token ids but no tokenizer"
+        raise UserError(f"eval.benchmarks={spec}: the tasks are text, scored through the run's BPE tokenizer, and "
+                        f"this run {kind}: train on BPE ids (data.tokenizer: lm prepare's or gpt2) or set "
+                        "--config.eval.benchmarks=''")
+    check_data([task for task, _ in chosen])
 
 
 def text_ids(config: ml_collections.ConfigDict, workdir: pathlib.Path | None,
@@ -261,8 +294,7 @@ def source_experiment(config: ml_collections.ConfigDict, workdir: pathlib.Path |
     specs = [(d.source, "data.source")] if d.source else [(c.spec, f"data.mixture's {c.spec}") for c in components]
     train, val = source_documents(d, specs, tokenizer, cache)
     if d.packing == "concat":
-        return LanguageModel(config, tokenizer, train[0][0].astype(np.int32), val[0][0].astype(np.int32),
-                             data_cache=cache)
+        return LanguageModel(config, tokenizer, train[0][0], val[0][0], data_cache=cache)  # (no int32 copy)
     rows = []
     for j, (documents, (spec, option)) in enumerate(zip(train, specs, strict=True)):
         rows.append(packing.pack_documents(unflatten(*documents), d.context_length))

@@ -10,6 +10,9 @@ Means over a batch:
   masked_cross_entropy, masked_accuracy     the two above, weighted (weights: 1 for real tokens or rows)
   mean_squared_error(predictions, targets)  weighted mean of (prediction - target)^2 (regression heads)
   moe_objective(moe collection, ...)        the mixture-of-experts auxiliary loss and its metrics
+Per preference pair:
+  dpo_loss(policy and reference sequence    -log sigmoid(beta ((pi_c - ref_c) - (pi_r - ref_r))) and the implicit
+           log-probabilities, beta)         rewards beta (pi - ref) of the chosen and rejected responses
 """
 
 import jax
@@ -102,3 +105,14 @@ def moe_objective(
     for e, fraction in enumerate(jnp.mean(per_layer("expert_fraction", num_experts), axis=0)):
         metrics[f"moe_expert_{e}_fraction"] = fraction
     return loss, metrics
+
+
+def dpo_loss(policy_chosen: jax.Array, policy_rejected: jax.Array, reference_chosen: jax.Array,
+             reference_rejected: jax.Array, beta: float) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Direct preference optimisation (Rafailov et al. 2023), TRL's sigmoid loss: from the summed log-probabilities
+    (B,) of each pair's chosen and rejected responses under the policy and the frozen reference, (losses (B,),
+    chosen rewards (B,), rejected rewards (B,)). loss = -log sigmoid(beta * ((pi_c - ref_c) - (pi_r - ref_r)));
+    a response's reward is beta * (pi - ref), without gradient (for the metrics: accuracy, margins)."""
+    chosen, rejected = policy_chosen - reference_chosen, policy_rejected - reference_rejected
+    losses = -jax.nn.log_sigmoid(beta * (chosen - rejected))
+    return losses, beta * jax.lax.stop_gradient(chosen), beta * jax.lax.stop_gradient(rejected)

@@ -26,7 +26,7 @@ BAD_VALUES = [  # key, a value outside its range, the range the message gives
     ("train.checkpoint_every", 0, "1 or more"),
     ("train.batch_size", 0, "1 or more"),
     ("train.grad_accum_steps", 0, "1 or more"),
-    ("train.num_steps", -5, "1 or more"),
+    ("train.num_steps", -5, "0 or more"),
     ("optimizer.learning_rate", math.nan, "0 or more"),
     ("optimizer.learning_rate", -1e-3, "0 or more"),
     ("optimizer.min_learning_rate", math.inf, "0 or more"),

@@ -21,7 +21,7 @@ from experiments.language_model import from_workdir
 from lm.cli.eval import score_tasks
 from lm.errors import UserError
 from lm.eval import models, report, tasks
-from lm.eval.scoring import Scorer, encode_pair, rolling_windows, token_loglikelihoods
+from lm.eval.scoring import Scorer, encode_pair, gpt_apply, rolling_windows, target_scores, token_loglikelihoods
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "eval"
 TOLERANCE = 1e-4
@@ -52,9 +52,10 @@ def test_every_task_scores_as_the_harness_scores_it(name, eval_data):
     config = models.hf_config(folder, language_model("token_file"))
     experiment = from_workdir(config, None)
     tokenizer, prefix = models.hf_tokenizer(folder)
-    scorer = Scorer(lambda p, ids: experiment.model.apply({"params": p}, ids),
-                    models.hf_params(folder, config, experiment.init), models.encoder(tokenizer),
-                    config.data.context_length, prefix, batch_size=8, num_buckets=1)  # one program to compile
+    scorer = Scorer(gpt_apply(experiment.model), models.hf_params(folder, config, experiment.init),
+                    models.encoder(tokenizer),
+                    config.data.context_length, prefix, batch_size=8, num_buckets=1,
+                    scored_chunk=2048)  # one program to compile: one chunk of 8 x 256 scored positions
     assert (config.data.context_length, prefix) == (256, 0)
     expected = json.loads((FIXTURES / f"{name}.json").read_text())["tasks"]
     results = report.evaluate(scorer, list(tasks.TASKS.values()))
@@ -135,8 +136,12 @@ def test_bucketed_batches_equal_a_direct_computation_with_the_cut_from_the_left(
     rng = np.random.default_rng(0)
     table = rng.normal(size=(7, 7)).astype(np.float32)
     table[3, 5] = 9.0  # after 3, 5 is the argmax: a greedy continuation
-    scorer = Scorer(lambda params, ids: params[ids], jnp.asarray(table), None, max_length=8, prefix_token_id=0,
-                    batch_size=3, num_buckets=2)
+
+    def apply(params, ids, positions, targets):  # positions, targets (N, c): a bigram's logits there
+        return target_scores(params[ids.reshape(-1)[positions]], targets)
+
+    scorer = Scorer(apply, jnp.asarray(table), None, max_length=8, prefix_token_id=0, batch_size=3, num_buckets=2,
+                    scored_chunk=2)
     requests = [([1, 2, 3], [5]), ([3], [5, 6]), (list(rng.integers(0, 7, 12)), [4, 4]), ([2] * 5, [3, 5, 1])]
     log_probs = table - np.log(np.exp(table).sum(-1, keepdims=True))
     for (context, continuation), (loglikelihood, greedy) in zip(requests, token_loglikelihoods(scorer, requests),
@@ -170,3 +175,49 @@ def test_task_texts_follow_the_harness(eval_data):
     assert tasks.detokenize_wikitext("a @-@ b , c ( d ) 's") == "a-b, c (d)'s"
     assert tasks.mean_stderr([1.0, 0.0, 0.0, 1.0]) == pytest.approx(np.std([1, 0, 0, 1], ddof=1) / math.sqrt(4))
     assert tasks.mean_stderr([1.0]) is None
+
+
+def test_benchmarks_during_training_score_as_the_harness_does(eval_data, data_dir, tmp_path):
+    """eval.benchmarks on a run of the fixtures' GPT-2 (its config, tokenizer and weights; trained on Shakespeare
+    paragraphs): one evaluator per task, every eval.every steps, whose metrics on the first N documents are the
+    harness's (computed from its recorded responses); a character-level run, or a bad spec, is one line before any
+    data is read."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from experiments.language_model import build
+    from lm.sharding import make_mesh
+
+    folder = FIXTURES / "gpt2"
+    paragraphs = (data_dir / "tinyshakespeare" / "input.txt").read_text().split("\n\n")[:100]
+    (tmp_path / "text.jsonl").write_text("".join(json.dumps({"text": p}) + "\n" for p in paragraphs))
+    config = models.hf_config(str(folder), language_model("token_file"))
+    config.data.update(dataset="source", source=f"files:{tmp_path}/text.jsonl",
+                       tokenizer=str(folder / "tokenizer.json"))
+    config.eval.update(every=2, batch_size=8, benchmarks="hellaswag:1,lambada_openai:2")
+    experiment = build(config)
+    evaluators = experiment.evaluators()
+    assert [(e.name, e.every) for e in evaluators] == [("hellaswag", 2), ("lambada_openai", 2)]
+    params = models.hf_params(str(folder), config, experiment.init)
+    expected = json.loads((FIXTURES / "gpt2.json").read_text())["tasks"]
+    for evaluator, limit in zip(evaluators, (1, 2), strict=True):
+        task = tasks.TASKS[evaluator.name]
+        responses = [[tuple(request) for request in document] for document in expected[task.name]["responses"]]
+        theirs = tasks.aggregate(task, tasks.documents(task, limit), responses[:limit])
+        assert evaluator.evaluate(params) == pytest.approx({metric: theirs[metric] for metric in task.metrics},
+                                                           rel=1e-5)
+    mesh = make_mesh(config.mesh.to_dict())  # data over the 8 test devices: the batches split over them
+    on_mesh = jax.device_put(params, NamedSharding(mesh, PartitionSpec()))
+    assert evaluators[1].evaluate(on_mesh) == pytest.approx(evaluators[1].evaluate(params), rel=1e-5)
+
+    characters = language_model()
+    characters.eval.benchmarks = "hellaswag:5"
+    with pytest.raises(UserError, match="eval.benchmarks=hellaswag:5: the tasks are text, scored through the run's "
+                                        "BPE tokenizer, and this run reads tinyshakespeare as characters"):
+        build(characters)
+    for spec, message in [("helaswag:5", "unknown task 'helaswag'; the tasks are hellaswag,"),
+                          ("hellaswag:0", "'hellaswag:0' is not task:N with N >= 1"),
+                          ("hellaswag", "'hellaswag' is not task:N")]:
+        config.eval.benchmarks = spec
+        with pytest.raises(UserError, match=message):
+            build(config)

@@ -314,7 +314,7 @@ def test_what_lm_cannot_represent_is_one_clear_line(tmp_path):
     with pytest.raises(UserError, match=(
             r"this run's config differs from config.json: model.num_kv_heads=4 \(config.json num_key_value_heads=2\), "
             r"model.norm=layer \(LlamaForCausalLM: rms\); run with --config.model.num_kv_heads=2 "
-            r"--config.model.norm=rms$")):
+            r"--config.model.norm=rms, or with --config.init_from_config=True to take them from config.json$")):
         HFSource(str(FIXTURES / "llama"), config)
     config.model.update(num_kv_heads=2, norm="rms", position="alibi")
     with pytest.raises(UserError, match=r"no Hugging Face architecture holds this run's model: GPT2LMHeadModel needs "
@@ -330,7 +330,8 @@ def test_a_context_longer_than_the_position_table_is_reported_with_the_other_dif
     with pytest.raises(UserError, match=(
             r"this run's config differs from config.json: model.embed_dim=64 \(config.json n_embd=32\), "
             r"data.context_length=48 \(at most config.json n_positions=32\); run with --config.model.embed_dim=32 "
-            r"--config.data.context_length=32$")) as raised:
+            r"--config.data.context_length=32, or with --config.init_from_config=True to take them from config.json$"
+    )) as raised:
         HFSource(str(FIXTURES / "gpt2"), config)
     assert "\n" not in str(raised.value)
     assert following(str(FIXTURES / "gpt2"), config).data.context_length == 32  # a config the folder accepts

@@ -9,15 +9,16 @@ from conftest import REPO
 
 # Each package or module of lm/ and experiments/ and its layer, lowest first: a module may import its own
 # layer or one below, never one above. The trainer's contract with the experiments (lm.train.experiment,
-# lm.train.options) sits below them, the trainer itself above; the sweep files and the analyses of trained
-# runs sit with the commands. A new top-level module must be placed here.
+# lm.train.options) sits below them, the trainer itself above; so do the zero-shot tasks' scoring and their
+# evaluators (lm.eval.benchmarks, which the language model adds), the rest of lm.eval above; the sweep files and
+# the analyses of trained runs sit with the commands. A new top-level module must be placed here.
 LAYERS = (
     ("lm.errors", "lm.cpu", "lm.runs", "lm.distributed", "lm.plots", "lm.task_metrics", "lm.losses",
      "lm.sharding", "lm.progress"),
     ("lm.layers", "lm.data"),
     ("lm.models",),
-    ("lm.decode", "lm.hf"),
-    ("lm.train.experiment", "lm.train.options"),
+    ("lm.decode", "lm.hf", "lm.eval.scoring", "lm.eval.tasks", "lm.eval.report"),
+    ("lm.train.experiment", "lm.train.options", "lm.eval.benchmarks"),
     ("experiments",),
     ("lm.train", "lm.eval"),
     ("lm.cli", "lm.__main__", "experiments.sweeps", "experiments.analysis"),

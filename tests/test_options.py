@@ -60,6 +60,8 @@ def test_the_generated_defaults_are_the_ones_configs_always_had():
         "attention_impl": "auto", "scan_layers": False, "remat": "none",
         "moe": {"num_experts": 0, "every": 2, "top_k": 2, "capacity_factor": 1.25, "load_balance_weight": 0.01,
                 "router_z_weight": 0.001},
+        "lora": {"rank": 0, "alpha": 16.0, "dropout": 0.0,
+                 "targets": ("query", "key", "value", "out", "gate", "up", "down")},
     }
 
 

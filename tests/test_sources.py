@@ -313,7 +313,8 @@ def test_documents_are_tokenised_once_and_split_into_train_and_val(corpus, parag
     assert np.sort(rows.tokens[rows.segment_ids > 0]).tolist() == np.sort(np.concatenate(expected[:285])).tolist()
     concat = build(source_config(corpus, packing="concat"))
     assert concat.train_tokens.tolist() == np.concatenate(expected[:285]).tolist()
-    assert concat.val_tokens.dtype == np.int32 and len(concat.val_windows(16)) == 2
+    assert concat.val_tokens.dtype == np.uint16 and len(concat.val_windows(16)) == 2  # the ids as stored
+    assert concat.val_windows(16)[0]["inputs"].dtype == np.int32
 
     built.save_assets(tmp_path)  # the data cache, as the trainer writes it
     (corpus[0] / "b.jsonl").rename(tmp_path / "moved.jsonl")  # not read again

@@ -70,9 +70,10 @@ def define_string_once(name: str, help_text: str, required: bool = False) -> fla
     return flags.FlagHolder(flags.FLAGS, flags.FLAGS[name])
 
 
-def define_workdir(help_text: str) -> flags.FlagHolder:
-    """The required --workdir flag of a CLI; an empty or blank value is a flag error too."""
-    holder = define_string_once("workdir", help_text, required=True)
+def define_workdir(help_text: str, required: bool = True) -> flags.FlagHolder:
+    """The --workdir flag of a CLI (required unless the command takes another source); an empty or blank value
+    is a flag error too."""
+    holder = define_string_once("workdir", help_text, required=required)
     flags.register_validator(holder, lambda value: value is None or bool(value.strip()),
                              "--workdir is empty: pass --workdir=DIR, a run folder")
     return holder

@@ -18,6 +18,12 @@ on the first --limit documents of each (default: all), from $LM_DATA_DIR; the mo
 BPE tokenizer) or the Hugging Face folder --hf (GPT-2 or Llama, with its tokenizer.json or --hf_tokenizer). Prints a
 table (task, metric, value, stderr, documents) and writes <out>/eval.json (default: <workdir>/tasks_<step>, or
 DIR/tasks).
+
+  lm eval --workdir=RUN | --hf=DIR --harness --tasks=arc_easy,gsm8k [--limit=N] [--include_path=TASKS_DIR]
+
+With --harness: any task of lm-evaluation-harness (pip install lm-eval), run by the harness itself with the model as
+its LM (log-likelihoods as above, generation with lm's KV cache), where the harness can read the task's data; prints
+the harness's table and writes <out>/harness.json.
 """
 
 import pathlib
@@ -25,7 +31,7 @@ import pathlib
 from absl import app, flags, logging
 
 from lm.cli import define_string_once, parse_flags, reject_arguments
-from lm.cli.resolve import find_experiment, load_config
+from lm.cli.resolve import find_experiment, load_config, load_hf
 from lm.errors import UserError, fail, run_user_errors
 
 _WORKDIR = define_string_once("workdir", "A run folder written by lm train.")
@@ -35,8 +41,12 @@ _TASKS = flags.DEFINE_string("tasks", None, "Zero-shot tasks to score, comma-sep
                                             "hellaswag,lambada_openai,arc_easy,arc_challenge,piqa,winogrande,wikitext.")
 _LIMIT = flags.DEFINE_integer("limit", None, "With --tasks: the first N documents of each task (default: all).")
 _HF = define_string_once("hf", "With --tasks, instead of --workdir: a Hugging Face model folder (GPT-2, Llama).")
-_HF_TOKENIZER = flags.DEFINE_string("hf_tokenizer", None, "With --hf: its tokenizer.json (default: DIR's).")
+_HF_TOKENIZER = define_string_once("hf_tokenizer", "With --hf: its tokenizer.json (default: DIR's).")
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "With --tasks: sequences per scoring batch.")
+_HARNESS = flags.DEFINE_bool("harness", False, "With --tasks: lm-evaluation-harness's own tasks, run by the harness "
+                                               "(pip install lm-eval) with this model as its LM (lm/eval/harness.py).")
+_INCLUDE_PATH = flags.DEFINE_string("include_path", None, "With --harness: a folder of more task YAMLs for the "
+                                                          "harness (e.g. a task on local data files).")
 
 
 def evaluate(workdir: pathlib.Path, step: int | None, out: str | None) -> dict[str, float]:
@@ -53,31 +63,29 @@ def evaluate(workdir: pathlib.Path, step: int | None, out: str | None) -> dict[s
     return results
 
 
-def score_tasks(tasks: str, limit: int | None, workdir: str | None, hf: str | None, step: int | None = None,
-                out: str | None = None, tokenizer: str | None = None, batch_size: int = 32) -> list:
-    """The tasks scored on the run in workdir (at step) or the Hugging Face folder hf, printed as a table and
-    written to out/eval.json; returns lm.eval.report's TaskResults."""
-    from lm.eval import models, report
-    from lm.eval.scoring import Scorer
-    from lm.eval.tasks import check_data, parse_tasks
-
-    chosen = parse_tasks(tasks)
+def check_model(workdir: str | None, hf: str | None, limit: int | None, batch_size: int) -> None:
+    """One model named (--workdir or --hf), and positive counts; else a UserError."""
     if (workdir is None) == (hf is None):
         raise UserError("--tasks scores one model: give --workdir=RUN (a run of lm train) or --hf=DIR (a Hugging "
                         "Face folder), not both")
     if (limit is not None and limit < 1) or batch_size < 1:
         raise UserError(f"--limit={limit}, --batch_size={batch_size}: give positive counts (no --limit: all documents)")
-    check_data(chosen)
-    if hf is not None:
-        from configs.base import language_model
 
-        config = models.hf_config(hf, language_model("token_file"))
-        experiment = find_experiment(config.experiment).from_workdir(config, None)
-        params = models.hf_params(hf, config, experiment.init)
-        tokenizer_found, prefix = models.hf_tokenizer(hf, tokenizer)
-        scorer = Scorer(lambda p, ids: experiment.model.apply({"params": p}, ids), params,
-                               models.encoder(tokenizer_found), config.data.context_length, prefix, batch_size)
-        folder, name = pathlib.Path(out or pathlib.Path(hf).expanduser() / "tasks"), hf
+
+def load_model(workdir: str | None, hf: str | None, step: int | None, tokenizer: str | None, batch_size: int):
+    """The model of the run in workdir (at step; default: its latest checkpoint) or of the Hugging Face folder hf
+    (with its tokenizer.json or tokenizer), in float32: (its lm.eval Scorer, its lm.eval.harness HarnessModel, the
+    folder its results go to by default, the name eval.json gives it)."""
+    from lm.eval import models
+    from lm.eval.harness import HarnessModel
+    from lm.eval.scoring import Scorer, gpt_apply
+
+    if hf is not None:
+        experiment, params, tokenizer_found, prefix = load_hf(hf, tokenizer)
+        scorer = Scorer(gpt_apply(experiment.model), params,
+                        models.encoder(tokenizer_found), experiment.config.data.context_length, prefix, batch_size)
+        end_of_text = models.hf_end_of_text(hf, tokenizer_found)
+        folder, name = pathlib.Path(hf).expanduser() / "tasks", hf
     else:
         from lm.train.checkpoint import finished_steps
         from lm.train.setup import checkpoint_directory, restore_params
@@ -86,12 +94,29 @@ def score_tasks(tasks: str, limit: int | None, workdir: str | None, hf: str | No
         config = load_config(run)
         if config.experiment != "language_model":
             raise UserError(f"{run} holds a {config.experiment!r} run: --tasks scores language models")
+        config.model.compute_dtype = "float32"  # (a bfloat16 run too: scored as a Hugging Face folder is)
         experiment = find_experiment(config.experiment).from_workdir(config, run)
         params = restore_params(config, experiment, run, step)
         step = step if step is not None else max(finished_steps(pathlib.Path(checkpoint_directory(config, run))))
         scorer = models.run_scorer(experiment.model, params, experiment.tokenizer, config.data.context_length,
                                    batch_size)
-        folder, name = pathlib.Path(out or run / f"tasks_{step}"), f"{run} step {step}"
+        tokenizer_found, end_of_text = experiment.tokenizer.tokenizer, experiment.tokenizer.end_of_text_id
+        folder, name = run / f"tasks_{step}", f"{run} step {step}"
+    return scorer, HarnessModel(scorer, experiment.model, tokenizer_found, end_of_text), folder, name
+
+
+def score_tasks(tasks: str, limit: int | None, workdir: str | None, hf: str | None, step: int | None = None,
+                out: str | None = None, tokenizer: str | None = None, batch_size: int = 32) -> list:
+    """The tasks scored on the run in workdir (at step) or the Hugging Face folder hf, printed as a table and
+    written to out/eval.json; returns lm.eval.report's TaskResults."""
+    from lm.eval import report
+    from lm.eval.tasks import check_data, parse_tasks
+
+    chosen = parse_tasks(tasks)
+    check_model(workdir, hf, limit, batch_size)
+    check_data(chosen)
+    scorer, _, folder, name = load_model(workdir, hf, step, tokenizer, batch_size)
+    folder = pathlib.Path(out) if out else folder
     results = report.evaluate(scorer, chosen, limit)
     print(report.table(results))
     report.write(results, folder / report.EVAL_FILE, name, limit)
@@ -99,12 +124,34 @@ def score_tasks(tasks: str, limit: int | None, workdir: str | None, hf: str | No
     return results
 
 
+def harness_tasks(tasks: str, limit: int | None, workdir: str | None, hf: str | None, step: int | None = None,
+                  out: str | None = None, tokenizer: str | None = None, batch_size: int = 32,
+                  include_path: str | None = None) -> dict:
+    """lm-evaluation-harness's tasks (comma-separated names) run by the harness on the run in workdir (at step) or
+    the Hugging Face folder hf (lm/eval/harness.py), its table printed and its results written to
+    out/harness.json; returns the harness's results. Without lm-eval installed, a UserError saying how."""
+    from lm.eval import harness
+
+    names = [name.strip() for name in tasks.split(",") if name.strip()]
+    manager = harness.task_manager(names, include_path)  # before the model loads
+    check_model(workdir, hf, limit, batch_size)
+    _, model, folder, name = load_model(workdir, hf, step, tokenizer, batch_size)
+    results = harness.evaluate(model, names, limit, manager)
+    print(harness.table(results))
+    path = (pathlib.Path(out) if out else folder) / harness.HARNESS_FILE
+    harness.write(results, path, name, limit)
+    print(f"written: {path}")
+    return results
+
+
 def main(argv: list[str]) -> None:
     reject_arguments(argv)
     logging.set_verbosity(logging.WARNING)
     if _TASKS.value is not None:
-        run_user_errors(lambda: score_tasks(_TASKS.value, _LIMIT.value, _WORKDIR.value, _HF.value, _STEP.value,
-                                            _OUT.value, _HF_TOKENIZER.value, _BATCH_SIZE.value))
+        command = harness_tasks if _HARNESS.value else score_tasks
+        extra = {"include_path": _INCLUDE_PATH.value} if _HARNESS.value else {}
+        run_user_errors(lambda: command(_TASKS.value, _LIMIT.value, _WORKDIR.value, _HF.value, _STEP.value,
+                                        _OUT.value, _HF_TOKENIZER.value, _BATCH_SIZE.value, **extra))
     elif not (_WORKDIR.value or "").strip():
         fail("--workdir is missing or empty: pass --workdir=DIR, a run folder written by lm train (or --tasks=... "
              "with --workdir or --hf)")

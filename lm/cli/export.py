@@ -4,9 +4,12 @@ The folder (config.json, model.safetensors) is one that transformers' from_pretr
 gives the run's logits (docs/huggingface.md).
 
   lm export --workdir=runs/gpt2_finetune --out=exported/gpt2_finetune [--dtype=bfloat16]
+  lm export --workdir=runs/gpt2_lora --out=exported/gpt2_lora --merge_lora   # LoRA merged into the weights
+  lm export --workdir=runs/gpt2_lora --out=exported/gpt2_lora_peft --adapters  # a peft folder (docs/post-training.md)
 
-A language model exports as GPT2LMHeadModel or LlamaForCausalLM, a ViT as ViTForImageClassification,
-a BERT pretraining run as BertForPreTraining with its WordPiece vocabulary (vocab.txt,
+A language model exports as GPT2LMHeadModel or LlamaForCausalLM (with its byte-level BPE, if it has one, as
+tokenizer.json and tokenizer_config.json: a folder transformers and `lm eval --hf` read whole), a ViT as
+ViTForImageClassification, a BERT pretraining run as BertForPreTraining with its WordPiece vocabulary (vocab.txt,
 tokenizer_config.json), whichever holds its config (else one line says which fields stand in the way).
 """
 
@@ -22,21 +25,53 @@ from lm.errors import UserError, run_user_errors
 _WORKDIR = define_workdir("A run folder written by lm train.")
 _OUT = define_string_once("out", "The folder to write the Hugging Face checkpoint to (required).")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "The stored dtype of the parameters.")
+_MERGE_LORA = flags.DEFINE_bool("merge_lora", False, "A LoRA run: a plain Hugging Face folder, its adapters merged "
+                                                     "into the weights (W + alpha / rank B A).")
+_ADAPTERS = flags.DEFINE_bool("adapters", False, "A LoRA run: its adapters alone, as a peft folder "
+                                                 "(adapter_config.json, adapter_model.safetensors).")
 
 
-def export_run(workdir: pathlib.Path, out: pathlib.Path, dtype: str) -> None:
-    """The latest checkpoint of the run in workdir, written to out."""
+def check_lora_flags(has_adapters: bool, merge_lora: bool, adapters: bool) -> None:
+    """A run with LoRA adapters exports with one of --merge_lora and --adapters; a run without, with neither."""
+    if merge_lora and adapters:
+        raise UserError("--merge_lora and --adapters write different folders: pass one of them")
+    if has_adapters and not (merge_lora or adapters):
+        raise UserError("this run has LoRA adapters (model.lora): pass --merge_lora for a plain Hugging Face folder "
+                        "with them merged into the weights, or --adapters for a peft folder of the adapters alone")
+    if not has_adapters and (merge_lora or adapters):
+        raise UserError(f"--{'merge_lora' if merge_lora else 'adapters'}: this run has no LoRA adapters "
+                        "(model.lora.rank=0)")
+
+
+def export_run(workdir: pathlib.Path, out: pathlib.Path, dtype: str, merge_lora: bool = False,
+               adapters: bool = False) -> None:
+    """The latest checkpoint of the run in workdir, written to out: a Hugging Face folder (a LoRA run's with
+    merge_lora), or with adapters a LoRA run's adapters as a peft folder."""
     from lm.cli.resolve import find_experiment, load_config
-    from lm.hf.export import export
-    from lm.train.init_from import CheckpointSource
+    from lm.hf.export import DTYPES, export
+    from lm.hf.peft import lora_options, peft_adapters, write_adapters
+    from lm.layers.lora import has_adapters, merged
+    from lm.train.init_from import HF_PREFIX, CheckpointSource
 
     config = load_config(workdir)
     vocab_size, tokenizer = find_experiment(config.experiment).from_workdir(config, workdir).export_vocabulary()
     source = CheckpointSource(str(workdir))
     on_host = SingleDeviceSharding(jax.devices("cpu")[0])
     params = source.load_params(jax.tree.map(lambda _: on_host, source.abstract_params()))
+    check_lora_flags(has_adapters(params), merge_lora, adapters)
+    if adapters:
+        base = config.init_from.removeprefix(HF_PREFIX) if config.init_from.startswith(HF_PREFIX) else None
+        adapter_config, tensors = peft_adapters(config, params, base)
+        files = write_adapters(out, adapter_config, {name: value.astype(DTYPES[dtype]) for name, value in
+                                                     tensors.items()})
+        print(f"{source.description} -> {out}: peft LoRA adapters, r={adapter_config['r']} on "
+              f"{', '.join(adapter_config['target_modules'])} ({dtype}), {', '.join(files)}")
+        return
+    if merge_lora:
+        params = merged(params, lora_options(config).scale)
     architecture, files = export(config, params, vocab_size, out, dtype, tokenizer=tokenizer)
-    print(f"{source.description} -> {out}: {architecture} ({dtype}), {', '.join(files)}")
+    print(f"{source.description} -> {out}: {architecture} ({dtype}){' with LoRA merged' if merge_lora else ''}, "
+          f"{', '.join(files)}")
 
 
 def main(argv: list[str]) -> None:
@@ -46,7 +81,8 @@ def main(argv: list[str]) -> None:
     def export_to_out():
         if not _OUT.value:
             raise UserError("--out is required: the folder to write the Hugging Face checkpoint to")
-        export_run(pathlib.Path(_WORKDIR.value), pathlib.Path(_OUT.value), _DTYPE.value)
+        export_run(pathlib.Path(_WORKDIR.value), pathlib.Path(_OUT.value), _DTYPE.value, _MERGE_LORA.value,
+                   _ADAPTERS.value)
 
     run_user_errors(export_to_out)
 

@@ -19,7 +19,7 @@ from lm.runs import CONFIG_FILE, CONFIG_REMEDY, read_json
 if TYPE_CHECKING:  # (the commands import this module before jax, so that --help is quick)
     from lm.train.experiment import Experiment
 
-BUILT_IN = ("language_model", "translation", "image_classification", "masked_lm", "finetune")
+BUILT_IN = ("language_model", "translation", "image_classification", "masked_lm", "finetune", "sft", "dpo")
 MODULE_FUNCTIONS = ("build", "from_workdir")
 
 
@@ -67,6 +67,20 @@ def load_run(workdir: pathlib.Path, needs: str):
     if not callable(getattr(experiment, needs, None)):
         raise UserError(f"{workdir} holds a {config.experiment!r} run, whose experiment has no {needs}()")
     return experiment, restore_params(config, experiment, workdir)
+
+
+def load_hf(directory: str, tokenizer_file: str | None = None):
+    """(experiment, params, tokenizer, prefix token id) of a Hugging Face folder (GPT-2, Llama): the language
+    model its config.json implies (float32: lm/eval/models.py hf_config), the folder's weights on one device, its
+    tokenizer.json (or tokenizer_file; a tokenizers.Tokenizer) and the prefix token the harness uses (BOS, else
+    EOS). A folder without a tokenizer is a UserError before the weights are read."""
+    from configs.base import language_model
+    from lm.eval import models
+
+    config = models.hf_config(directory, language_model("token_file"))
+    tokenizer, prefix = models.hf_tokenizer(directory, tokenizer_file)
+    experiment = find_experiment(config.experiment).from_workdir(config, None)
+    return experiment, models.hf_params(directory, config, experiment.init), tokenizer, prefix
 
 
 def load_config(workdir: pathlib.Path) -> ml_collections.ConfigDict:

@@ -11,9 +11,12 @@ Per row (R rows, W = length + 1):
   tokens       (R, W) int32  the pieces' ids, pad_id after them
   segment_ids  (R, W) int32  1, 2, ... for the row's first, second, ... piece; 0 for padding
   positions    (R, W) int32  0, 1, ... restarting at each piece; 0 on padding
+  weights      (R, W) float32  only when pack_documents was given per-token weights (supervised
+                              fine-tuning: 1 on the assistant's tokens, 0 on the prompt's), 0 on padding
 For training (`examples`), each (R, length): inputs, targets, segment_ids, positions of the inputs,
 and weights (float32): 1 where the target is the next token of the same piece, 0 where it belongs to
-the next document or is padding. The model attends within a segment only (lm/models/gpt.py).
+the next document or is padding; times the target token's own weight where the rows carry weights. The
+model attends within a segment only (lm/models/gpt.py).
 
 The result is a pure function of the documents in their order. Placing a piece costs a bisect (and
 at times an insert) in the sorted list of the distinct room sizes of the open rows, at most W of them,
@@ -40,6 +43,7 @@ class PackedRows:
     tokens: np.ndarray
     segment_ids: np.ndarray
     positions: np.ndarray
+    weights: np.ndarray | None = None  # each token's loss weight as a target (None: every token counts)
 
 
 def split_documents(documents: Sequence[np.ndarray], size: int) -> list[np.ndarray]:
@@ -73,14 +77,18 @@ def best_fit(sizes: Sequence[int], capacity: int) -> list[list[int]]:
     return rows
 
 
-def pack_documents(documents: Sequence[np.ndarray], length: int, pad_id: int = 0) -> PackedRows:
-    """documents (each (n_i,) ids) packed best-fit into rows of length + 1 tokens (module docstring)."""
+def pack_documents(documents: Sequence[np.ndarray], length: int, pad_id: int = 0,
+                   weights: Sequence[np.ndarray] | None = None) -> PackedRows:
+    """documents (each (n_i,) ids) packed best-fit into rows of length + 1 tokens (module docstring);
+    weights, if given, (n_i,) per document, travel with its tokens into the rows' weights."""
     width = length + 1
     pieces = split_documents(documents, width)
     rows = best_fit([len(piece) for piece in pieces], width)
     tokens = np.full((len(rows), width), pad_id, np.int32)
     segment_ids = np.zeros((len(rows), width), np.int32)
     positions = np.zeros((len(rows), width), np.int32)
+    weight_pieces = None if weights is None else split_documents(weights, width)
+    row_weights = None if weights is None else np.zeros((len(rows), width), np.float32)
     ramp = np.arange(width, dtype=np.int32)
     for row, members in enumerate(rows):
         start = 0
@@ -90,21 +98,24 @@ def pack_documents(documents: Sequence[np.ndarray], length: int, pad_id: int = 0
             tokens[row, start:end] = piece
             segment_ids[row, start:end] = segment
             positions[row, start:end] = ramp[:len(piece)]
+            if row_weights is not None:
+                row_weights[row, start:end] = weight_pieces[item]
             start = end
-    return PackedRows(tokens, segment_ids, positions)
+    return PackedRows(tokens, segment_ids, positions, row_weights)
 
 
 def examples(rows: PackedRows) -> dict[str, np.ndarray]:
     """Training examples of packed rows, each (R, length): inputs, targets, segment_ids and positions
     (of the inputs) int32, weights float32 (1: the target continues the input's piece; 0: a boundary
-    or padding)."""
+    or padding; times the target's own weight where the rows carry weights)."""
     segments = rows.segment_ids
+    weights = ((segments[:, 1:] == segments[:, :-1]) & (segments[:, 1:] != 0)).astype(np.float32)
     return {
         "inputs": rows.tokens[:, :-1],
         "targets": rows.tokens[:, 1:],
         "segment_ids": segments[:, :-1],
         "positions": rows.positions[:, :-1],
-        "weights": ((segments[:, 1:] == segments[:, :-1]) & (segments[:, 1:] != 0)).astype(np.float32),
+        "weights": weights if rows.weights is None else weights * rows.weights[:, 1:],
     }
 
 

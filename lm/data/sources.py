@@ -15,7 +15,8 @@
 A Source yields its documents as (where, text) in a fixed order (files in sorted order, records in file
 order; a dataset's records by index), `where` naming the file and the record (`b.jsonl line 7`, `c.parquet
 row 12`, `<tfds folder> train record 3`). Given several fields (a sentence pair's two languages, say) it
-yields (where, the tuple of their texts) instead. A record that gives no document is one UserError naming the
+yields (where, the tuple of their texts) instead (a ValueField's field: what its read() makes of the value, a
+conversation's messages say: lm/data/chat.py). A record that gives no document is one UserError naming the
 source, the file and the record: a missing or non-string text field, invalid UTF-8, a line that is not a JSON
 object, an empty file or split, a file that cannot be read (corrupt gzip or parquet: the whole file). With
 skip_bad_records such records (an unreadable file counting as one) are skipped and counted instead; the
@@ -57,6 +58,14 @@ class Bad:
     """What is wrong with a record (or a whole file) that gives no document."""
 
     problem: str
+
+
+class ValueField(str):
+    """A field name whose value is not a text (a list of chat messages, say): read(value) gives what the record
+    yields for it, or Bad."""
+
+    def read(self, value: Any) -> Any:
+        raise NotImplementedError
 
 
 Fields = Mapping[str, str]  # {the config option that names a field: the field}, in the order their texts come
@@ -111,6 +120,8 @@ def field_text(record: Mapping[str, Any], field: str, option: str = "data.text_f
         fields = ", ".join(map(str, record)) or "none"
         return Bad(f"has no field {field!r} (its fields: {fields[:200]}): set --config.{option}")
     value = record[field]
+    if isinstance(field, ValueField):
+        return field.read(value)
     if isinstance(value, bytes):
         try:
             return value.decode("utf-8")

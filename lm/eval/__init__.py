@@ -7,4 +7,5 @@
               jitted batches
   models.py   what is scored: an lm run's GPT or a Hugging Face folder (GPT-2, Llama), with its tokenizer
   report.py   all the tasks of one model: the table (task, metric, value, stderr) and eval.json
+  benchmarks.py  eval.benchmarks: tasks scored during training, one trainer evaluator each (hellaswag_acc_norm, ...)
 """

@@ -4,6 +4,7 @@
   hf_config(directory, base)                           the run config a Hugging Face folder implies (GPT-2, Llama)
   hf_params(directory, config, init)                   its weights in lm's names (as init_from=hf:DIR reads them)
   hf_tokenizer(directory)                              its tokenizer.json, and the prefix token the harness uses
+  hf_end_of_text(directory, tokenizer)                 the id its generation stops at
 
 Texts are encoded as transformers' tokenizers encode them in the harness (special tokens added as the tokenizer
 adds them by default, e.g. a Llama tokenizer's BOS). Scoring runs in float32 on one device.
@@ -22,15 +23,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from lm.data import bpe, text
 from lm.errors import UserError
-from lm.eval.scoring import Scorer
-from lm.hf.files import Folder
+from lm.eval.scoring import Scorer, gpt_apply
+from lm.hf.files import TOKENIZER_CONFIG, TOKENIZER_FILE, Folder
 from lm.hf.source import following
 from lm.train import init_from
 
 HARNESS_MAX_LENGTH = 2048  # the harness's context when neither config.json nor the tokenizer gives one
 LENGTH_FIELDS = ("n_positions", "max_position_embeddings", "n_ctx")  # config.json's context, in the harness's order
-TOKENIZER_FILE = "tokenizer.json"
-TOKENIZER_CONFIG = "tokenizer_config.json"
 
 
 def run_scorer(model: nn.Module, params, tokenizer, context_length: int, batch_size: int = 32) -> Scorer:
@@ -40,8 +39,8 @@ def run_scorer(model: nn.Module, params, tokenizer, context_length: int, batch_s
         kind = "a character vocabulary" if isinstance(tokenizer, text.CharTokenizer) else "no tokenizer (token ids)"
         raise UserError(f"this run has {kind}: the tasks are text, scored through a BPE tokenizer; evaluate a run "
                         "trained with data.tokenizer (lm prepare, or gpt2)")
-    return Scorer(lambda p, ids: model.apply({"params": p}, ids), params, encoder(tokenizer.tokenizer),
-                  context_length, tokenizer.end_of_text_id, batch_size)
+    return Scorer(gpt_apply(model), params, encoder(tokenizer.tokenizer), context_length, tokenizer.end_of_text_id,
+                  batch_size)
 
 
 def encoder(tokenizer: tokenizers.Tokenizer):
@@ -105,3 +104,10 @@ def hf_tokenizer(directory: str, tokenizer_file: str | None = None) -> tuple[tok
     candidates = [token_id(tokenizer, settings.get(name)) for name in ("bos_token", "eos_token")]
     prefix = next((i for i in candidates if i is not None), tokenizer.token_to_id(bpe.END_OF_TEXT))
     return tokenizer, prefix
+
+
+def hf_end_of_text(directory: str, tokenizer: tokenizers.Tokenizer) -> int | None:
+    """The id generation stops at (the harness's eot_token_id): the EOS of the folder's tokenizer_config.json,
+    else <|endoftext|>; None when the tokenizer has neither."""
+    eos = token_id(tokenizer, read_tokenizer_config(pathlib.Path(directory).expanduser()).get("eos_token"))
+    return eos if eos is not None else tokenizer.token_to_id(bpe.END_OF_TEXT)

@@ -6,6 +6,7 @@ import json
 import pathlib
 import time
 
+from lm.errors import UserError
 from lm.eval.scoring import Scorer, loglikelihoods, rolling_loglikelihoods
 from lm.eval.tasks import Task, aggregate, documents
 
@@ -38,7 +39,10 @@ def evaluate(scorer: Scorer, tasks: list[Task], limit: int | None = None) -> lis
     for task in tasks:
         start = time.perf_counter()
         task_documents = documents(task, limit)
-        found = responses(scorer, task, task_documents)
+        try:
+            found = responses(scorer, task, task_documents)
+        except UserError as error:  # e.g. a continuation longer than the model reads
+            raise UserError(f"{task.name}: {error}") from None
         results.append(TaskResult(task, len(task_documents), aggregate(task, task_documents, found), found,
                                   time.perf_counter() - start))
     return results

@@ -12,8 +12,16 @@ conditioned on the prefix token, each later one on the token before it, the last
 harness's get_rolling_token_windows with context_len=1, then make_disjoint_window), summed.
 
 Batches: each sequence is right-padded to the smallest of a few bucket lengths (max_length halved num_buckets - 1
-times) that holds it, and rows are grouped by bucket into batches of batch_size (padded with empty rows), so the
-jitted scorer compiles one program per bucket used.
+times) that holds it, and rows are grouped by bucket into batches of batch_size (padded with empty rows). The model's
+logits are computed at the continuations' positions only, all of a batch's together (the vocabulary-wide head is
+most of a small model's work, and the context most of a sequence), in chunks of scored_chunk positions, each
+chunk's logits reduced to (log p(target), is the argmax) before the next is computed: a CPU spends more on page
+faults and passes over a large logits buffer than on the matmul that fills it. The positions are padded to
+scored_chunk times one of 1, 2, 3, 4, 6, 8, 12, ... (powers of two and three times them), so the jitted scorer
+compiles one program per (bucket, count) used, a few per bucket. Every batch is dispatched before any result is
+read, so the host builds the next one while the devices work; a request's log-probabilities are summed on the
+host, in float64. On a mesh (params sharded over several devices of this process, as in training) the batches
+are split over its batch axes, as the eval step's are.
 """
 
 import dataclasses
@@ -23,11 +31,16 @@ from collections.abc import Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
+from lm import sharding
 from lm.errors import UserError
 
-Apply = Callable[[object, jax.Array], jax.Array]  # (params, ids (B, T) int32) -> logits (B, T, V) float32
+Apply = Callable[..., tuple[jax.Array, jax.Array]]  # (params, ids (B, T), positions (N, c), targets (N, c)) ->
+#   target_scores at those of the B * T positions (b * T + t), each (N, c): gpt_apply's
 Encode = Callable[[str], list[int]]
+SCORED_CHUNK = 64  # positions whose logits exist at once (64 x 50,257 float32: 13 MB)
+SCORED_MULTIPLES = tuple(sorted({multiple << shift for shift in range(24) for multiple in (1, 3)}))  # 1, 2, 3, 4, 6..
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,22 +54,35 @@ class Scorer:
     max_length: int  # the model's context: the longest sequence it reads
     prefix_token_id: int | None  # what an empty context becomes (BOS, else EOS); None: the tokenizer has neither
     batch_size: int = 32
-    num_buckets: int = 4
-
-    @functools.cached_property
-    def score_batch(self) -> Callable:
-        """Jitted (params, inputs (B, T), targets (B, T), weights (B, T)) -> (log-likelihood (B,), greedy (B,))."""
-        return jax.jit(functools.partial(score_batch, self.apply))
+    num_buckets: int = 8  # lengths: max_length halved num_buckets - 1 times, not below 8
+    scored_chunk: int = SCORED_CHUNK  # a batch scores this many positions times one of SCORED_MULTIPLES
 
 
-def score_batch(apply: Apply, params, inputs: jax.Array, targets: jax.Array, weights: jax.Array):
-    """The sum over the positions where weights is 1 of log p(target), and whether each such target is the argmax
-    of its logits; inputs, targets int32 (B, T), weights float32 (B, T) -> (B,) float32, (B,) bool."""
-    logits = apply(params, inputs).astype(jnp.float32)  # (B, T, V)
-    log_probs = jax.nn.log_softmax(logits, axis=-1)
-    target_log_probs = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]  # (B, T)
-    greedy = (jnp.argmax(logits, axis=-1) == targets) | (weights == 0)
-    return jnp.sum(jnp.where(weights > 0, target_log_probs, 0.0), axis=-1), jnp.all(greedy, axis=-1)
+def target_scores(logits: jax.Array, targets: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """logits (..., V), targets int32 (...) -> (log p(target) float32 (...), whether the target is the argmax, the
+    first maximum, of its logits (...)). log p is the target's logit minus the logits' logsumexp (both shifted by
+    the maximum, as log_softmax shifts them), and the argmax the least index holding the maximum: on a CPU both are
+    much faster than a log-softmax and an argmax over the vocabulary, with the same values."""
+    logits = logits.astype(jnp.float32)
+    top = jnp.max(logits, axis=-1, keepdims=True)
+    log_sum = jnp.log(jnp.sum(jnp.exp(logits - top), axis=-1))
+    target_logits = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    vocabulary = jnp.arange(logits.shape[-1], dtype=jnp.int32)
+    argmax = jnp.min(jnp.where(logits == top, vocabulary, logits.shape[-1]), axis=-1)
+    return (target_logits - top[..., 0]) - log_sum, argmax == targets
+
+
+@functools.partial(jax.jit, static_argnums=0)  # compiled per apply (one per Scorer's model) and shape
+def score_batch(apply: Apply, params, inputs: jax.Array, positions: jax.Array, targets: jax.Array):
+    """apply, jitted: inputs int32 (B, T), positions and targets int32 (N, c) -> (N, c) float32, (N, c) bool."""
+    return apply(params, inputs, positions, targets)
+
+
+def gpt_apply(model) -> Apply:
+    """The Apply of a GPT (lm/models/gpt.py, a flax module): its target_scores at the given positions alone, one
+    chunk of c positions' logits at a time."""
+    return lambda params, ids, positions, targets: model.apply(
+        {"params": params}, ids, logit_positions=positions, targets=targets, logits_reduce=target_scores)
 
 
 def encode_pair(encode: Encode, context: str, continuation: str,
@@ -99,35 +125,69 @@ def bucket_lengths(max_length: int, num_buckets: int) -> list[int]:
     return sorted(lengths)
 
 
+Row = tuple[int, np.ndarray, int]  # a request's index, its ids cut to max_length + 1, its continuation's length
+
+
 def token_loglikelihoods(scorer: Scorer, requests: Sequence[tuple[Sequence[int], Sequence[int]]],
                          ) -> list[tuple[float, bool]]:
     """(log-likelihood, is_greedy) of each (context ids, continuation ids) request, in order (see the module
     docstring). A continuation longer than max_length is a UserError, as the harness refuses it too."""
-    max_length = scorer.max_length
+    max_length, batch_size = scorer.max_length, scorer.batch_size
     buckets = bucket_lengths(max_length, scorer.num_buckets)
-    rows: dict[int, list[tuple[int, np.ndarray, int]]] = {length: [] for length in buckets}
+    rows: dict[int, list[Row]] = {length: [] for length in buckets}
     for index, (context, continuation) in enumerate(requests):
         if not 0 < len(continuation) <= max_length or not context:
             raise UserError(f"a continuation of {len(continuation)} tokens after {len(context)} of context: the "
-                            f"model reads {max_length} tokens; a task's continuation must fit (and not be empty)")
+                            f"model reads {max_length} tokens; a task's continuation must fit (and not be empty), as "
+                            "the harness requires too: leave the task out, or score a model with a longer context")
         sequence = np.asarray([*context, *continuation], np.int32)[-(max_length + 1):]
-        length = len(sequence) - 1
-        rows[next(b for b in buckets if b >= length)].append((index, sequence, len(continuation)))
-    results: list[tuple[float, bool]] = [(0.0, False)] * len(requests)
+        rows[next(b for b in buckets if b >= len(sequence) - 1)].append((index, sequence, len(continuation)))
+    place = batch_placement(scorer.params, batch_size)
+    dispatched = []  # (a batch's rows, its per-position (log p, greedy) on the devices): all sent before any is read
     for bucket, bucket_rows in rows.items():
-        for start in range(0, len(bucket_rows), scorer.batch_size):
-            batch = bucket_rows[start:start + scorer.batch_size]
-            inputs = np.zeros((scorer.batch_size, bucket), np.int32)
-            targets = np.zeros((scorer.batch_size, bucket), np.int32)
-            weights = np.zeros((scorer.batch_size, bucket), np.float32)
-            for row, (_, sequence, continuation_length) in enumerate(batch):
-                length = len(sequence) - 1
-                inputs[row, :length], targets[row, :length] = sequence[:-1], sequence[1:]
-                weights[row, length - continuation_length:length] = 1.0
-            loglikelihood, greedy = jax.device_get(scorer.score_batch(scorer.params, inputs, targets, weights))
-            for row, (index, _, _) in enumerate(batch):
-                results[index] = (float(loglikelihood[row]), bool(greedy[row]))
+        for start in range(0, len(bucket_rows), batch_size):
+            batch = bucket_rows[start:start + batch_size]
+            inputs, positions, targets = batch_arrays(batch, batch_size, bucket, scorer.scored_chunk)
+            dispatched.append((batch, score_batch(scorer.apply, scorer.params, place(inputs), positions, targets)))
+    results: list[tuple[float, bool]] = [(0.0, False)] * len(requests)
+    for batch, found in jax.device_get(dispatched):
+        log_probs, greedy = (array.reshape(-1) for array in found)  # the batch's scored positions, in order
+        ends = np.cumsum([count for _, _, count in batch])  # each row's scored positions end there
+        for (index, _, count), end in zip(batch, ends, strict=True):  # summed in float64
+            results[index] = (float(np.sum(log_probs[end - count:end], dtype=np.float64)),
+                              bool(np.all(greedy[end - count:end])))
     return results
+
+
+def batch_arrays(batch: list[Row], batch_size: int, bucket: int, chunk: int):
+    """The arrays score_batch takes for batch's rows: inputs (batch_size, bucket), each row's ids but the last,
+    right-padded with 0 (so are the missing rows); positions (N, chunk) in the flattened inputs (row * bucket + t)
+    and their targets (N, chunk): each row's continuation's, row after row, then zeros. N is the least of
+    SCORED_MULTIPLES that holds them."""
+    tokens = sum(count for _, _, count in batch)
+    scored = next(n for n in SCORED_MULTIPLES if n * chunk >= tokens) * chunk
+    inputs = np.zeros((batch_size, bucket), np.int32)
+    positions, targets = np.zeros(scored, np.int32), np.zeros(scored, np.int32)
+    end = 0
+    for row, (_, sequence, count) in enumerate(batch):
+        length = len(sequence) - 1
+        inputs[row, :length] = sequence[:-1]
+        positions[end:end + count] = row * bucket + np.arange(length - count, length)
+        targets[end:end + count] = sequence[-count:]
+        end += count
+    return inputs, positions.reshape(-1, chunk), targets.reshape(-1, chunk)
+
+
+def batch_placement(params, batch_size: int) -> Callable[[np.ndarray], np.ndarray | jax.Array]:
+    """How a batch's inputs (batch_size, T) go to the devices: split over the batch axes of the mesh that params
+    are on, when it has several devices, all of this process, and they divide batch_size (as the eval step's batches
+    are split); else as they are (one device, or the host-local params of a multi-host run's evaluators)."""
+    leaves = jax.tree.leaves(params)
+    mesh = getattr(leaves[0].sharding, "mesh", None) if leaves and isinstance(leaves[0], jax.Array) else None
+    if (not isinstance(mesh, Mesh) or mesh.size == 1 or not leaves[0].is_fully_addressable
+            or batch_size % sharding.batch_shards(mesh)):
+        return lambda array: array
+    return functools.partial(jax.device_put, device=sharding.batch_sharding(mesh))
 
 
 def loglikelihoods(scorer: Scorer, requests: Sequence[tuple[str, str]]) -> list[tuple[float, bool]]:

@@ -1,6 +1,7 @@
 """A Hugging Face model folder on disk: config.json and the weights in safetensors, one file
 (model.safetensors) or shards listed by model.safetensors.index.json. Read and written with the
-safetensors library's numpy API (bfloat16 arrays are ml_dtypes.bfloat16); no torch."""
+safetensors library's numpy API (bfloat16 arrays are ml_dtypes.bfloat16); no torch. A language model's
+byte-level BPE goes beside them as tokenizer.json and tokenizer_config.json (write_bpe_tokenizer)."""
 
 import json
 import math
@@ -11,9 +12,12 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from lm.data.bpe import END_OF_TEXT, BPETokenizer
 from lm.errors import UserError
 
 CONFIG_FILE = "config.json"
+TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG = "tokenizer_config.json"
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 SAFETENSORS_DTYPES = {"F32": np.float32, "BF16": jax.numpy.bfloat16, "F16": np.float16}
@@ -92,3 +96,15 @@ def write_folder(directory: pathlib.Path, config: dict, tensors: dict[str, np.nd
              "weight_map": {tensor: name for name, shard in zip(names, shards, strict=True) for tensor in shard}}
     (directory / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
     return [CONFIG_FILE, *names, INDEX_FILE]
+
+
+def write_bpe_tokenizer(directory: pathlib.Path, tokenizer: BPETokenizer, max_length: int) -> list[str]:
+    """Writes a byte-level BPE as transformers' GPT2TokenizerFast reads it: tokenizer.json (the whole pipeline)
+    and tokenizer_config.json (its class; <|endoftext|> as its BOS, EOS and unknown token, as GPT-2's, where the
+    vocabulary has it; model_max_length: max_length, the model's context). Returns the files written."""
+    tokenizer.save(directory / TOKENIZER_FILE)
+    special = END_OF_TEXT if tokenizer.end_of_text_id is not None else None
+    settings = {"tokenizer_class": "GPT2Tokenizer", "model_max_length": max_length, "add_prefix_space": False,
+                "bos_token": special, "eos_token": special, "unk_token": special}
+    (directory / TOKENIZER_CONFIG).write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
+    return [TOKENIZER_FILE, TOKENIZER_CONFIG]

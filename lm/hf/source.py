@@ -17,6 +17,7 @@ from lm.errors import UserError
 from lm.hf import ARCHITECTURES
 from lm.hf.files import Folder
 from lm.hf.mapping import Fields, Limits, Rule, apply, differences, excesses, overrides
+from lm.layers.options import declared_copy
 
 
 def read_folder(directory: str, location: str) -> tuple[Folder, str, ModuleType, Fields, Limits]:
@@ -41,7 +42,7 @@ def following(directory: str, config: ml_collections.ConfigDict) -> ml_collectio
     has the field), and every field over its limit lowered to it: a run config that init_from=hf:directory
     accepts."""
     _, _, _, fields, limits = read_folder(directory, f"hf:{directory}")
-    config = config.copy_and_resolve_references()
+    config = declared_copy(config)  # (its ranges and choices still checked)
     over = {key: (limit, source) for key, _, limit, source in excesses(limits, config)}
     for key, (value, _) in {**fields, **over}.items():
         *path, name = key.split(".")
@@ -75,7 +76,8 @@ class HFSource:
         found, over = differences(fields, config), excesses(limits, config)
         if found or over:
             raise UserError(f"{location}: this run's config differs from config.json: "
-                            f"{describe(found, over, self.architecture)}; run with {overrides(found + over)}")
+                            f"{describe(found, over, self.architecture)}; run with {overrides(found + over)}, or "
+                            "with --config.init_from_config=True to take them from config.json")
         try:
             self.rules: list[Rule] = module.rules(hf, self.architecture, config)
         except UserError as e:

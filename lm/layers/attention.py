@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from lm.errors import UserError
 from lm.layers.linear import Linear
+from lm.layers.lora import LoraConfig
 from lm.layers.partitioning import constrain
 from lm.layers.positions import alibi_bias, apply_rope
 from lm.layers.splash import splash_attention
@@ -129,6 +130,7 @@ class MultiHeadAttention(nn.Module):
     each row; a query sees only keys of its own segment (with causal, the earlier ones of its document).
     Decoding (self-attention): pass cache_index, the absolute position of x[:, 0]; keys and values
     go into a 'cache' collection whose length is fixed by the input given to `init`.
+    lora: the LoRA adapters of the projections query, key, value and out that its targets name.
     """
 
     num_heads: int
@@ -143,6 +145,7 @@ class MultiHeadAttention(nn.Module):
     implementation: str = "auto"  # of the fused path: see attention_implementation
     kernel_init: Callable = nn.initializers.normal(0.02)
     out_kernel_init: Callable = nn.initializers.normal(0.02)
+    lora: LoraConfig = LoraConfig()
 
     @nn.compact
     def __call__(
@@ -175,6 +178,7 @@ class MultiHeadAttention(nn.Module):
                 use_bias=self.use_bias,
                 dtype=self.dtype,
                 kernel_init=self.kernel_init,
+                adapter=self.lora.adapter(name, train),
                 name=name,
             )(source)
             return constrain(y, ACTIVATION_AXES)
@@ -235,6 +239,7 @@ class MultiHeadAttention(nn.Module):
             use_bias=self.use_bias,
             dtype=self.dtype,
             kernel_init=self.out_kernel_init,
+            adapter=self.lora.adapter("out", train),
             name="out",
         )(out)
 

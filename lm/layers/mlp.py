@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from lm.layers.linear import Linear
+from lm.layers.lora import LoraConfig
 from lm.layers.partitioning import constrain
 
 MLP_KINDS = ("gelu", "gelu_exact", "relu", "swiglu")
@@ -36,7 +37,8 @@ def mlp_hidden_dim(kind: str, embed_dim: int, mlp_ratio: float, multiple: int, e
 
 
 class Mlp(nn.Module):
-    """classic: W_down act(W_up x); swiglu: W_down (silu(W_gate x) * W_up x). embed -> hidden -> embed."""
+    """classic: W_down act(W_up x); swiglu: W_down (silu(W_gate x) * W_up x). embed -> hidden -> embed.
+    lora: the LoRA adapters of gate, up and down that its targets name (train: their dropout is on)."""
 
     kind: str
     hidden_dim: int
@@ -44,6 +46,8 @@ class Mlp(nn.Module):
     dtype: Any = jnp.float32
     kernel_init: Callable = nn.initializers.normal(0.02)
     out_kernel_init: Callable = nn.initializers.normal(0.02)
+    lora: LoraConfig = LoraConfig()
+    train: bool = False
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -59,6 +63,7 @@ class Mlp(nn.Module):
                 use_bias=self.use_bias,
                 dtype=self.dtype,
                 kernel_init=self.kernel_init,
+                adapter=self.lora.adapter(name, self.train),
                 name=name,
             )(x)
 
@@ -74,5 +79,6 @@ class Mlp(nn.Module):
             use_bias=self.use_bias,
             dtype=self.dtype,
             kernel_init=self.out_kernel_init,
+            adapter=self.lora.adapter("down", self.train),
             name="down",
         )(h)

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 from lm.errors import UserError
 from lm.layers.attention import ATTENTION_IMPLS, MultiHeadAttention
 from lm.layers.initializers import INIT_SCHEMES, initializers
+from lm.layers.lora import ATTENTION_TARGETS, LoraConfig
 from lm.layers.mlp import MLP_KINDS, Mlp, mlp_hidden_dim
 from lm.layers.moe import MoeMlp
 from lm.layers.norms import NORM_KINDS, Norm
@@ -106,6 +107,7 @@ class TransformerConfig:
     remat: str = option("none", "activations recomputed in the backward pass: see REMAT_POLICIES",
                         choices=tuple(REMAT_POLICIES))
     moe: MoeConfig = option(MoeConfig(), "mixture-of-experts layers")
+    lora: LoraConfig = option(LoraConfig(), "low-rank adapters on the projections (lm/layers/lora.py)")
 
     def __post_init__(self):
         check_options(self, "model.")
@@ -138,6 +140,7 @@ class TransformerConfig:
                 f"model.scan_layers needs model.num_layers={self.num_layers} to be a multiple of "
                 f"model.moe.every={moe.every} (the scanned group of blocks); change one, or scan_layers=False"
             )
+        self.lora.check_matches(self.projections)
 
     @property
     def layer_period(self) -> int:
@@ -151,6 +154,14 @@ class TransformerConfig:
     @property
     def mlp_hidden_dim(self) -> int:
         return mlp_hidden_dim(self.mlp, self.embed_dim, self.mlp_ratio, self.mlp_multiple, self.mlp_hidden_dim_override)
+
+    @property
+    def projections(self) -> tuple[str, ...]:
+        """The names of the blocks' projections (the LoRA targets there are): the attention's, and the dense
+        MLP's unless experts replace every MLP."""
+        dense_mlp = () if self.moe.num_experts and self.moe.every == 1 else \
+            ("gate", "up", "down") if self.mlp == "swiglu" else ("up", "down")
+        return ATTENTION_TARGETS + dense_mlp
 
     def is_moe_block(self, index: int) -> bool:
         return self.moe.num_experts > 0 and (index + 1) % self.moe.every == 0
@@ -201,6 +212,7 @@ class TransformerBlock(nn.Module):
                 implementation=cfg.attention_impl,
                 kernel_init=inits.dense,
                 out_kernel_init=inits.residual,
+                lora=cfg.lora,
                 name=name,
             )
 
@@ -224,7 +236,7 @@ class TransformerBlock(nn.Module):
                 **mlp_args,
             )
         else:
-            mlp = Mlp(name="mlp", **mlp_args)
+            mlp = Mlp(name="mlp", lora=cfg.lora, train=train, **mlp_args)
         dropout = nn.Dropout(cfg.dropout, deterministic=not train)
         norm_attention = Norm(cfg.norm, dtype=cfg.dtype, epsilon=cfg.norm_epsilon, name="norm_attention")
         norm_mlp = Norm(cfg.norm, dtype=cfg.dtype, epsilon=cfg.norm_epsilon, name="norm_mlp")

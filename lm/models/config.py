@@ -27,6 +27,7 @@ NOT_ABLATIONS = {
     "attention_impl": "performance",
     "scan_layers": "performance",
     "remat": "performance",
+    **{f"lora.{key}": "post-training (docs/post-training.md)" for key in ("rank", "alpha", "dropout", "targets")},
 }
 
 

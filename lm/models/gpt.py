@@ -4,6 +4,12 @@ tokens (B, T) -> token embedding [x sqrt(D)] [+ position table] -> TransformerSt
 Every block option (norm, MLP, positions, MoE, init, ...) comes from the TransformerConfig; see
 lm/layers/transformer.py.
 
+Given logit_positions (N, c), N chunks of c indices into the B * T positions (b * T + t), with their targets
+(N, c) and logits_reduce, the model returns logits_reduce(logits (c, V), targets (c,)) of each chunk, stacked: the
+vocabulary-wide head is computed for those positions alone, not for all B * T, in a scan over the chunks, so one
+chunk's logits exist at a time (scoring continuations, lm/eval/scoring.py: a CPU spends more on a large logits
+buffer than on the matmul that fills it).
+
 Given targets, the model returns the per-token cross-entropy (B, T) instead of the logits. With
 loss_chunk = c > 0 it computes it c positions at a time, recomputing each chunk's logits in the
 backward pass, so the (B, T, V) logits (3.3 GB in float32 for GPT-2 at batch 16) never exist at once.
@@ -14,6 +20,8 @@ and RoPE) counts from the document's start, so each document's logits are those 
 """
 
 import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -45,7 +53,9 @@ class GPT(nn.Module):
     """Call with tokens (B, T) int32 -> logits (B, T, V); with targets (B, T) -> per-token
     cross-entropy (B, T). Packed rows: segment_ids (B, T) (1, 2, ... per document, 0 padding) and
     positions (B, T) (restarting at 0 per document), both or neither. With decode=True, reads and
-    advances the KV cache (rows of one sequence each: no segment ids)."""
+    advances the KV cache (rows of one sequence each: no segment ids). With logit_positions (N, c),
+    targets (N, c) and logits_reduce: the logits of those positions only, reduced chunk by chunk (module
+    docstring)."""
 
     config: GPTConfig
 
@@ -59,6 +69,8 @@ class GPT(nn.Module):
         targets: jax.Array | None = None,
         segment_ids: jax.Array | None = None,
         positions: jax.Array | None = None,
+        logit_positions: jax.Array | None = None,
+        logits_reduce: Callable[[jax.Array, jax.Array], Any] | None = None,
     ) -> jax.Array:
         cfg = self.config
         blocks = cfg.transformer
@@ -85,11 +97,26 @@ class GPT(nn.Module):
                       blocks.dtype, blocks.inits.dense, name="head")
         nn.share_scope(self, head)  # an untied kernel stays GPT's 'lm_head', as in older checkpoints
 
+        if logit_positions is not None:
+            chosen = jnp.take(x.reshape(-1, x.shape[-1]), logit_positions, axis=0)  # (N, c, D)
+            return self._reduced_logits(chosen, targets, head, logits_reduce)
         if targets is None:
             return head(x)
         if not cfg.loss_chunk:
             return cross_entropy(head(x), targets)
         return self._chunked_cross_entropy(x, targets, head)
+
+    def _reduced_logits(self, hidden: jax.Array, targets: jax.Array, head: LMHead,
+                        reduce: Callable[[jax.Array, jax.Array], Any]) -> Any:
+        """hidden (N, c, D), targets (N, c) -> reduce(logits (c, V), targets (c,)) of each chunk, stacked along a
+        leading N: a scan over the chunks, each chunk's c positions the head's batch of c rows of one position."""
+
+        def body(module, carry, inputs):
+            h, y = inputs  # (c, D), (c,)
+            return carry, reduce(head(h[:, None])[:, 0], y)
+
+        scan = nn.scan(body, variable_broadcast="params", split_rngs={"params": False})
+        return scan(self, None, (hidden, targets))[1]
 
     def _chunked_cross_entropy(self, x: jax.Array, targets: jax.Array, head: LMHead) -> jax.Array:
         """x (B, T, D), targets (B, T) -> (B, T) losses, loss_chunk positions at a time (a scan over the

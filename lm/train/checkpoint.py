@@ -11,6 +11,11 @@ when the save starts), and a restore compares them: a damaged file that still de
 A checkpoint without the file (saved before checksums were added, or by several processes, each of
 which holds only its shards) is restored unverified. The same thread notes whether the saved state
 is all finite, so that a NaN stop names the newest checkpoint worth resuming from.
+
+A run whose optimizer leaves some parameters frozen (LoRA's base weights: lm.train.optim.trainable) saves
+them once, in the folder FROZEN_DIR beside the steps, at its first checkpoint; every step's checkpoint then
+holds the rest of the state alone (step, adapters, optimizer state), and a restore puts the two together,
+so a resume is exact and needs nothing outside the checkpoints.
 """
 
 import concurrent.futures
@@ -29,9 +34,12 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
+from flax import traverse_util
 from jax.experimental import multihost_utils
 
 from lm.errors import UserError
+from lm.train.optim import trainable
+from lm.train.state import TrainState
 
 
 def path_name(path) -> str:
@@ -41,6 +49,35 @@ def path_name(path) -> str:
 
 
 CHECKSUMS_FILE = "checksums.json"
+FROZEN_DIR = "frozen"  # beside the steps' folders: the frozen parameters, saved once (see the module docstring)
+
+
+def split_frozen(state) -> tuple[object, dict]:
+    """(a TrainState with the parameters the optimizer updates alone, the frozen parameters: a nested dict, empty
+    where every parameter trains, or state is no TrainState)."""
+    if not isinstance(state, TrainState):
+        return state, {}
+    flat = traverse_util.flatten_dict(state.params)
+    train = traverse_util.flatten_dict(trainable(state.params))
+
+    def picked(keep: bool) -> dict:
+        return traverse_util.unflatten_dict({name: value for name, value in flat.items() if train[name] == keep})
+
+    return state.replace(params=picked(True)), picked(False)
+
+
+def with_frozen(state, frozen: dict):
+    """The inverse of split_frozen: state with the frozen parameters put back."""
+    return state.replace(params=merge_trees(state.params, frozen))
+
+
+def merge_trees(tree: dict, added: dict) -> dict:
+    """tree (nested dicts) with added's leaves put in."""
+    return traverse_util.unflatten_dict({**traverse_util.flatten_dict(tree), **traverse_util.flatten_dict(added)})
+
+
+def frozen_checkpointer() -> ocp.Checkpointer:
+    return ocp.Checkpointer(ocp.StandardCheckpointHandler())
 
 
 def host_copy(state) -> dict[str, list[np.ndarray]]:
@@ -92,8 +129,11 @@ class Checkpointer:
         self.finite: dict[int, concurrent.futures.Future | bool] = {}  # step saved or restored here -> all_finite
 
     def check_compatible(self, abstract_state, step: int) -> None:
-        """Raises IncompatibleCheckpoint when the checkpoint at step holds arrays of other shapes than this
-        model's, naming the first."""
+        """Raises IncompatibleCheckpoint when the checkpoint at step (with the frozen parameters) holds arrays of
+        other shapes than this model's, naming the first."""
+        abstract_state, frozen = split_frozen(abstract_state)
+        if frozen:
+            self.check_frozen(frozen, step)
         saved = self.manager.item_metadata(step)["state"]
         saved_shapes = {path_name(path): tuple(leaf.shape) for path, leaf in jax.tree_util.tree_leaves_with_path(saved)}
         for path, leaf in jax.tree_util.tree_leaves_with_path(abstract_state):
@@ -112,6 +152,21 @@ class Checkpointer:
                 f"{len(jax.tree.leaves(abstract_state))}; use a new --workdir"
             )
 
+    def check_frozen(self, frozen: dict, step: int) -> None:
+        folder = self.manager.directory / FROZEN_DIR
+        if not folder.exists():
+            raise IncompatibleCheckpoint(f"the checkpoint at step {step} in {self.manager.directory} holds no frozen "
+                                         f"parameters ({folder} is missing), which this model has; use a new "
+                                         "--workdir or the config that wrote this one")
+        saved = {path_name(path): tuple(leaf.shape) for path, leaf in
+                 jax.tree_util.tree_leaves_with_path(frozen_checkpointer().metadata(folder).item_metadata)}
+        for path, leaf in jax.tree_util.tree_leaves_with_path(frozen):
+            if saved.get(path_name(path)) != tuple(leaf.shape):
+                raise IncompatibleCheckpoint(
+                    f"the frozen parameters in {folder} do not fit this model: {path_name(path)} is "
+                    f"{saved.get(path_name(path), 'nothing')} there but {tuple(leaf.shape)} here; use a new --workdir "
+                    "or the config that wrote them")
+
     def restore_checked(self, step: int, abstract_state):
         """The state at step, after the shape check; a checkpoint that cannot be read (damaged or
         truncated files) raises CorruptCheckpoint."""
@@ -124,7 +179,7 @@ class Checkpointer:
         except Exception as e:  # noqa: BLE001 (Orbax and TensorStore raise many kinds for unreadable files)
             reason = f"cannot be read ({type(e).__name__}: {' '.join(str(e).split())[:200]})"
             raise CorruptCheckpoint(step, self.manager.directory, reason) from e
-        copy = host_copy(state)
+        copy = host_copy(split_frozen(state)[0])  # what the step's folder holds
         self.verify(step, copy)
         self.finite[step] = all_finite(copy)
         return state
@@ -185,6 +240,10 @@ class Checkpointer:
         with save_errors(self.manager.directory):
             self.manager.wait_until_finished()
             self.write_checksums()
+            state, frozen = split_frozen(state)
+            if frozen and self.manager.latest_step() is None:  # the run's first checkpoint: its frozen parameters
+                frozen_checkpointer().save(self.manager.directory / FROZEN_DIR, args=ocp.args.StandardSave(frozen),
+                                           force=True)
             copy = host_copy(state)
             saved = self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)), force=True)
             self.finite[step] = self.hasher.submit(all_finite, copy)
@@ -213,9 +272,15 @@ class Checkpointer:
         return max((step for step, flag in zip(steps, flags, strict=True) if flag), default=None)
 
     def restore(self, step: int, abstract_state):
-        """Returns the state at step, sharded as abstract_state (shapes with shardings) says."""
+        """Returns the state at step (with the frozen parameters), sharded as abstract_state (shapes with
+        shardings) says."""
+        abstract_state, frozen = split_frozen(abstract_state)
         items = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state))
-        return self.manager.restore(step, args=items)["state"]
+        state = self.manager.restore(step, args=items)["state"]
+        if not frozen:
+            return state
+        return with_frozen(state, frozen_checkpointer().restore(self.manager.directory / FROZEN_DIR,
+                                                                args=ocp.args.StandardRestore(frozen)))
 
     def close(self, wait_seconds: float | None = None) -> None:
         """Waits for the background save and writes its checksums, then ends Orbax's threads; a failure of

@@ -121,6 +121,14 @@ class Experiment(abc.ABC):
         moe = self.config.get("model", {}).get("moe")
         return parameter_counts(params, moe.top_k if moe else 1)[1]
 
+    def prepare(self, params: Any, workdir: pathlib.Path) -> None:
+        """What the experiment derives from a new run's starting parameters (fresh, with init_from loaded: its
+        step-0 params, sharded as in training, under the run's mesh), before the trainer asks for its data: DPO
+        scores its pairs with them, the frozen reference, and keeps the scores in workdir (process 0 writes) for
+        build() to read back when the run resumes, which is not prepared again. Runs on every process (its
+        computations are collective). Default: nothing."""
+        del params, workdir  # (nothing to derive)
+
     def save_assets(self, workdir: pathlib.Path) -> None:
         """Writes what later commands and a resumed run need besides the checkpoint, once every check of the
         run has passed: here the data cache (build's tokenised data); a subclass adds its tokenizers, say,

@@ -35,6 +35,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from lm.errors import UserError
 from lm.layers.transformer import SCANNED_NAME, is_block_name, stack_layers, unstack_layers
 from lm.runs import CONFIG_FILE, differing_fields, init_from_not_found, override_flags, saved_config, settings
+from lm.train.checkpoint import FROZEN_DIR, frozen_checkpointer, merge_trees
 from lm.train.setup import checkpoint_directory
 
 Renames = list[tuple[str, str]]  # (source prefix, this model's prefix; "" leaves it out)
@@ -81,6 +82,10 @@ class CheckpointSource:
                 raise UserError(f"init_from={location}: the checkpoint {self.description} cannot be read as "
                                 f"an lm train state ({type(e).__name__}: {' '.join(str(e).split())[:200]})") from e
         self.abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype), saved)
+        self.frozen = {}  # the frozen parameters a LoRA run saved once beside its steps (lm/train/checkpoint.py)
+        if (path / FROZEN_DIR).exists():
+            frozen = frozen_checkpointer().metadata(path / FROZEN_DIR).item_metadata
+            self.frozen = jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype), dict(frozen))
 
     def manager(self) -> ocp.CheckpointManager:
         """A manager that reads the checkpoints (and never creates, cleans or deletes anything)."""
@@ -88,15 +93,25 @@ class CheckpointSource:
                                      options=ocp.CheckpointManagerOptions(create=False))
 
     def abstract_params(self) -> dict:
-        return self.abstract
+        return merge_trees(self.abstract, self.frozen)
 
     def load_params(self, shardings: dict) -> dict:
-        wanted = {"params": jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                                         self.abstract, shardings)}
-        restore = ocp.args.PyTreeRestore(wanted, restore_args=ocp.checkpoint_utils.construct_restore_args(wanted),
+        def wanted(abstract):
+            placed = traverse_util.flatten_dict(shardings)
+            return traverse_util.unflatten_dict({name: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=placed[name])
+                                                 for name, s in traverse_util.flatten_dict(abstract).items()})
+
+        saved = {"params": wanted(self.abstract)}
+        restore = ocp.args.PyTreeRestore(saved, restore_args=ocp.checkpoint_utils.construct_restore_args(saved),
                                          partial_restore=True)  # the params, not the optimizer state
         with contextlib.closing(self.manager()) as manager:
-            return manager.restore(self.step, args=ocp.args.Composite(state=restore))["state"]["params"]
+            params = manager.restore(self.step, args=ocp.args.Composite(state=restore))["state"]["params"]
+        if not self.frozen:
+            return params
+        frozen = frozen_checkpointer().restore(self.directory / FROZEN_DIR,
+                                               args=ocp.args.StandardRestore(wanted(self.frozen)))
+        return merge_trees(params, frozen)
+
 
 
 HF_PREFIX = "hf:"  # init_from=hf:DIR: a local Hugging Face model folder
@@ -110,6 +125,35 @@ def open_source(location: str, config: ml_collections.ConfigDict) -> ParamSource
 
         return HFSource(location.removeprefix(HF_PREFIX), config)
     return CheckpointSource(location)
+
+
+def model_from_source(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """config, or with init_from_config=True a copy whose fields the config.json of init_from=hf:DIR implies
+    (the model section, data.vocab_size) are set to its values, and data.context_length lowered to its
+    positions where longer (lm/hf/source.py following); prints the fields that changed. Anything else in
+    init_from with init_from_config=True is a UserError."""
+    if not config.get("init_from_config"):
+        return config
+    if not config.init_from.startswith(HF_PREFIX):
+        raise UserError(f"init_from_config=True takes the model from a Hugging Face folder's config.json: give "
+                        f"init_from=hf:DIR (init_from={config.init_from!r})")
+    from lm.hf.source import following
+
+    filled = following(config.init_from.removeprefix(HF_PREFIX), config)
+    before = traverse_util.flatten_dict(config.to_dict(), sep=".")
+    after = traverse_util.flatten_dict(filled.to_dict(), sep=".")
+    changed = [f"{key}={value} (was {before.get(key)})" for key, value in after.items() if before.get(key) != value]
+    print(f"init_from_config: {config.init_from}'s config.json sets {', '.join(changed) or 'nothing new'}")
+    return filled
+
+
+def with_adapters(source: ParamSource, config: ml_collections.ConfigDict, abstract_params: dict) -> ParamSource:
+    """source, with the LoRA adapters of the peft folder that init_from_adapters names (lm/hf/peft.py) added."""
+    if not config.get("init_from_adapters"):
+        return source
+    from lm.hf.peft import PeftSource, WithAdapters
+
+    return WithAdapters(source, PeftSource(config.init_from_adapters, config, abstract_params))
 
 
 def parse_renames(text: str) -> Renames:
@@ -249,6 +293,9 @@ def prepare(location: str, rename: str, abstract_params: dict, resumed_step: int
     is a UserError naming the model fields in which the source run's config.json differs from config, with
     both values and the flags that match it; the parameter and both shapes where no field differs."""
     if not location:
+        if config.get("init_from_adapters"):
+            raise UserError(f"init_from_adapters={config.init_from_adapters} needs init_from: the base model the "
+                            "adapters go onto (hf:DIR, or a run)")
         return None
     if resumed_step is not None:
         print(f"init_from ignored: resuming from this run's own checkpoint at step {resumed_step}")
@@ -256,7 +303,7 @@ def prepare(location: str, rename: str, abstract_params: dict, resumed_step: int
     renames = parse_renames(rename)
     source = open_source(location, config)
     try:
-        return plan(source, renames, abstract_params)
+        return plan(with_adapters(source, config, abstract_params), renames, abstract_params)
     except OtherShapes as e:
         saved = source.run_config if isinstance(source, CheckpointSource) else None
         fields = differing_fields(saved, config, ("model",)) if saved else []

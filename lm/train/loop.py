@@ -127,6 +127,7 @@ def train(
     are the ones the workdir's config.json records, when it has one: a resumed run keeps its schedule. A
     write that fails (a full disk, a read-only or removed folder) is a one-line UserError that names the
     checkpoint left intact (write_errors)."""
+    config = init_from.model_from_source(config)  # init_from_config: the model of init_from's config.json
     # The lock first: a second run stops before it reads any data. A run that a check stops leaves no folder.
     with prepared_directory(workdir) as workdir_path, workdir_lock(workdir_path, jax.process_index()) as locked:
         saved = runs.saved_config(workdir_path)  # a resumed run keeps the schedule its config.json records
@@ -228,6 +229,7 @@ def _train_locked(setup: Setup, workdir: pathlib.Path) -> dict[str, float]:
             state = setup.init_state(state_shardings)
             if initial_params:
                 state = state.replace(params=initial_params.load(state.params, state_shardings.params, setup.mesh))
+            setup.experiment.prepare(state.params, workdir)  # (DPO: the reference's scores of its pairs)
             start_step = 0
             if is_primary():  # what an attempt killed before its first checkpoint logged: one history, not two
                 drop_logs(workdir)
@@ -378,6 +380,8 @@ class Trainer:
                 interval_start, interval_steps = time.perf_counter(), 0
             if save_now:
                 self.checkpointer.save(step, state)
+        if step == tcfg.num_steps == 0 and self.checkpointer.manager.latest_step() is None:
+            self.checkpointer.save(0, state)  # a run of no steps: its initial parameters (init_from's) are saved
 
         summary = {"step": step, **last_eval, "num_params": num_params, "active_params": active_params,
                    "skipped_steps": skipped}

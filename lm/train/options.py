@@ -27,6 +27,12 @@ def run_options(experiment: str, **overrides) -> ml_collections.ConfigDict:
                              "or one step's folder there, or hf:DIR (a Hugging Face folder)"),
         init_from_rename=option("", "renamed source subtrees for init_from: 'source/prefix:this/prefix,...'; an "
                                     "empty right side leaves the subtree out (e.g. 'lm_head:')"),
+        init_from_config=option(False, "with init_from=hf:DIR, take the model section (and data.vocab_size, and "
+                                       "data.context_length where it is longer) from DIR's config.json instead of "
+                                       "checking this config against it"),
+        init_from_adapters=option("", "a peft LoRA folder (adapter_config.json, adapter_model.safetensors) whose "
+                                      "adapters go onto the parameters init_from loads; needs model.lora.rank "
+                                      "(docs/post-training.md)"),
     )
     config.update(overrides)
     return config
@@ -65,7 +71,8 @@ def train_options(**overrides) -> ml_collections.ConfigDict:
         ml_collections.ConfigDict(),
         batch_size=option(128, "examples per step, global across all devices and hosts",
                           bounds=at_least(1)),
-        num_steps=option(2000, "optimizer steps the run trains for", bounds=at_least(1)),
+        num_steps=option(2000, "optimizer steps the run trains for (0: none; the initial parameters, e.g. those "
+                               "init_from loaded, are saved as the checkpoint of step 0)", bounds=at_least(0)),
         grad_accum_steps=option(1, "micro-batches per step (batch_size is split into them)",
                                 bounds=at_least(1)),
         log_every=option(100, "steps between progress lines and metric records", bounds=at_least(1)),

@@ -8,15 +8,17 @@ import jax.numpy as jnp
 import optax
 
 from lm.layers import constrain
+from lm.train.optim import frozen_gradients_stopped
 from lm.train.state import TrainState
 
 LossFn = Callable[..., tuple[jax.Array, dict]]  # (params, batch, rng, train) -> (loss, metrics)
 
 
 def gradient_fn(loss_fn: LossFn, grad_accum_steps: int):
-    """(params, batch, rng) -> (loss, metrics, grads), averaged over grad_accum_steps micro-batches."""
+    """(params, batch, rng) -> (loss, metrics, grads), averaged over grad_accum_steps micro-batches; the
+    gradients of the leaves the optimizer freezes are zeros, never computed (frozen_gradients_stopped)."""
     value_and_grad = jax.value_and_grad(
-        lambda params, batch, rng: loss_fn(params, batch, rng, True), has_aux=True
+        lambda params, batch, rng: loss_fn(frozen_gradients_stopped(params), batch, rng, True), has_aux=True
     )
 
     def single(params, batch, rng):
