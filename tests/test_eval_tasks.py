@@ -12,6 +12,7 @@ import json
 import math
 import pathlib
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -221,3 +222,27 @@ def test_benchmarks_during_training_score_as_the_harness_does(eval_data, data_di
         config.eval.benchmarks = spec
         with pytest.raises(UserError, match=message):
             build(config)
+
+
+def test_a_character_level_run_is_scored_character_by_character_and_says_so():
+    """A run that reads characters: each task text is its characters' ids (those the vocabulary lacks dropped and
+    reported), a request's log-likelihood the sum over the continuation's characters of log p(character | the ones
+    before), computed here directly from the model's full logits; a run without a tokenizer is one line."""
+    from lm.data.text import CharTokenizer
+    from lm.layers.transformer import TransformerConfig
+    from lm.models.gpt import GPT, GPTConfig
+
+    vocabulary = CharTokenizer.fit("\nabc ")
+    blocks = TransformerConfig(num_layers=1, num_heads=2, num_kv_heads=2, embed_dim=16)
+    model = GPT(GPTConfig(vocab_size=vocabulary.vocab_size, context_length=16, transformer=blocks, vocab_multiple=8))
+    params = model.init(jax.random.key(0), jnp.zeros((1, 16), jnp.int32))["params"]
+    scorer = models.run_scorer(model, params, vocabulary, context_length=16, batch_size=2)
+    assert "scored character by character" in scorer.encode.note()
+    (loglikelihood, _), = token_loglikelihoods(scorer, [encode_pair(scorer.encode, "ab", " c9", None)])
+    ids = vocabulary.encode("ab c")  # '9' is not in the vocabulary: dropped
+    log_probs = jax.nn.log_softmax(model.apply({"params": params}, jnp.asarray(ids)[None, :-1])[0], axis=-1)
+    assert loglikelihood == pytest.approx(float(log_probs[1, ids[2]] + log_probs[2, ids[3]]), abs=1e-5)
+    assert scorer.encode.report() == "dropped from the texts (not in the run's vocabulary): 1 characters: '9'"
+    assert scorer.prefix_token_id == vocabulary.encode("\n")[0]  # a text's first character follows a newline
+    with pytest.raises(UserError, match="this run has no tokenizer .*: the tasks are text"):
+        models.run_scorer(model, params, None, context_length=16)

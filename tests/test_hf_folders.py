@@ -63,7 +63,9 @@ def test_an_import_run_of_no_steps_exports_a_folder_that_scores_and_samples_as_t
     settings = json.loads((exported / "tokenizer_config.json").read_text())
     assert settings["eos_token"] == "<|endoftext|>" and settings["model_max_length"] == 256
 
-    ours, theirs = (score_tasks("arc_easy", 1, workdir, folder, out=str(tmp_path / "scored"), batch_size=4)[0]
+    # the run is scored on its mesh (data over the suite's 8 CPU devices: batches of 8 split over them), the folder
+    # on one device
+    ours, theirs = (score_tasks("arc_easy", 2, workdir, folder, out=str(tmp_path / "scored"), batch_size=8)[0]
                     for workdir, folder in ((str(run), None), (None, str(exported))))
     np.testing.assert_allclose(np.array(theirs.responses)[..., 0], np.array(ours.responses)[..., 0], rtol=1e-6,
                                atol=1e-5)

@@ -15,9 +15,10 @@ The run's data is read again (the run's data cache and tokenizers are reused whe
 
 With --tasks: the standard zero-shot tasks scored as lm-evaluation-harness scores them (lm/eval, docs/evaluation.md),
 on the first --limit documents of each (default: all), from $LM_DATA_DIR; the model is the run's GPT at --step (its
-BPE tokenizer) or the Hugging Face folder --hf (GPT-2 or Llama, with its tokenizer.json or --hf_tokenizer). Prints a
-table (task, metric, value, stderr, documents) and writes <out>/eval.json (default: <workdir>/tasks_<step>, or
-DIR/tasks).
+BPE tokenizer, or its characters one by one; restored on the run's mesh, the batches split over its batch axes as
+the eval loss's are) or the Hugging Face folder --hf (GPT-2 or Llama, with its tokenizer.json or --hf_tokenizer).
+Prints a table (task, metric, value, stderr, documents) and writes <out>/eval.json (default:
+<workdir>/tasks_<step>, or DIR/tasks).
 
   lm eval --workdir=RUN | --hf=DIR --harness --tasks=arc_easy,gsm8k [--limit=N] [--include_path=TASKS_DIR]
 
@@ -87,6 +88,7 @@ def load_model(workdir: str | None, hf: str | None, step: int | None, tokenizer:
         end_of_text = models.hf_end_of_text(hf, tokenizer_found)
         folder, name = pathlib.Path(hf).expanduser() / "tasks", hf
     else:
+        from lm import sharding
         from lm.train.checkpoint import finished_steps
         from lm.train.setup import checkpoint_directory, restore_params
 
@@ -96,11 +98,12 @@ def load_model(workdir: str | None, hf: str | None, step: int | None, tokenizer:
             raise UserError(f"{run} holds a {config.experiment!r} run: --tasks scores language models")
         config.model.compute_dtype = "float32"  # (a bfloat16 run too: scored as a Hugging Face folder is)
         experiment = find_experiment(config.experiment).from_workdir(config, run)
-        params = restore_params(config, experiment, run, step)
+        params = restore_params(config, experiment, run, step, sharding.make_mesh(config.mesh.to_dict()))
         step = step if step is not None else max(finished_steps(pathlib.Path(checkpoint_directory(config, run))))
         scorer = models.run_scorer(experiment.model, params, experiment.tokenizer, config.data.context_length,
                                    batch_size)
-        tokenizer_found, end_of_text = experiment.tokenizer.tokenizer, experiment.tokenizer.end_of_text_id
+        tokenizer_found = getattr(experiment.tokenizer, "tokenizer", None)  # (the BPE's; None: characters)
+        end_of_text = getattr(experiment.tokenizer, "end_of_text_id", None)
         folder, name = run / f"tasks_{step}", f"{run} step {step}"
     return scorer, HarnessModel(scorer, experiment.model, tokenizer_found, end_of_text), folder, name
 
@@ -109,7 +112,7 @@ def score_tasks(tasks: str, limit: int | None, workdir: str | None, hf: str | No
                 out: str | None = None, tokenizer: str | None = None, batch_size: int = 32) -> list:
     """The tasks scored on the run in workdir (at step) or the Hugging Face folder hf, printed as a table and
     written to out/eval.json; returns lm.eval.report's TaskResults."""
-    from lm.eval import report
+    from lm.eval import models, report
     from lm.eval.tasks import check_data, parse_tasks
 
     chosen = parse_tasks(tasks)
@@ -117,8 +120,13 @@ def score_tasks(tasks: str, limit: int | None, workdir: str | None, hf: str | No
     check_data(chosen)
     scorer, _, folder, name = load_model(workdir, hf, step, tokenizer, batch_size)
     folder = pathlib.Path(out) if out else folder
+    characters = scorer.encode if isinstance(scorer.encode, models.CharacterEncoder) else None
+    if characters:
+        print(characters.note())
     results = report.evaluate(scorer, chosen, limit)
     print(report.table(results))
+    if characters:
+        print(characters.report())
     report.write(results, folder / report.EVAL_FILE, name, limit)
     print(f"written: {folder / report.EVAL_FILE}")
     return results
@@ -135,7 +143,10 @@ def harness_tasks(tasks: str, limit: int | None, workdir: str | None, hf: str | 
     names = [name.strip() for name in tasks.split(",") if name.strip()]
     manager = harness.task_manager(names, include_path)  # before the model loads
     check_model(workdir, hf, limit, batch_size)
-    _, model, folder, name = load_model(workdir, hf, step, tokenizer, batch_size)
+    scorer, model, folder, name = load_model(workdir, hf, step, tokenizer, batch_size)
+    if model.tokenizer is None:
+        raise UserError(f"{workdir} reads characters: --harness runs the harness's tasks through a BPE tokenizer; "
+                        "score this run with lm's own tasks (--tasks without --harness), character by character")
     results = harness.evaluate(model, names, limit, manager)
     print(harness.table(results))
     path = (pathlib.Path(out) if out else folder) / harness.HARNESS_FILE

@@ -33,14 +33,46 @@ LENGTH_FIELDS = ("n_positions", "max_position_embeddings", "n_ctx")  # config.js
 
 
 def run_scorer(model: nn.Module, params, tokenizer, context_length: int, batch_size: int = 32) -> Scorer:
-    """The Scorer of an lm run's GPT: its tokenizer a byte-level BPE (lm prepare's, or GPT-2's); a character-level
-    or token-id run is a UserError (scoring them on word tasks is not done yet)."""
-    if not isinstance(tokenizer, bpe.BPETokenizer):
-        kind = "a character vocabulary" if isinstance(tokenizer, text.CharTokenizer) else "no tokenizer (token ids)"
-        raise UserError(f"this run has {kind}: the tasks are text, scored through a BPE tokenizer; evaluate a run "
-                        "trained with data.tokenizer (lm prepare, or gpt2)")
-    return Scorer(gpt_apply(model), params, encoder(tokenizer.tokenizer), context_length, tokenizer.end_of_text_id,
-                  batch_size)
+    """The Scorer of an lm run's GPT: through its byte-level BPE (lm prepare's, or GPT-2's), or character by character
+    through its character vocabulary (CharacterEncoder: the characters it lacks dropped; a text's first character
+    conditioned on a newline); a run of token ids without a tokenizer is a UserError."""
+    if isinstance(tokenizer, bpe.BPETokenizer):
+        return Scorer(gpt_apply(model), params, encoder(tokenizer.tokenizer), context_length,
+                      tokenizer.end_of_text_id, batch_size)
+    if isinstance(tokenizer, text.CharTokenizer):
+        characters = CharacterEncoder(tokenizer)
+        return Scorer(gpt_apply(model), params, characters, context_length, characters.ids.get("\n"), batch_size)
+    raise UserError("this run has no tokenizer (it trained on token ids): the tasks are text; evaluate a run trained "
+                    "with data.tokenizer (lm prepare's, or gpt2), or export it with its tokenizer and use --hf")
+
+
+class CharacterEncoder:
+    """text -> the ids of a character vocabulary, each character one id; the characters the vocabulary lacks are
+    dropped from the text, and remembered (dropped) to be reported."""
+
+    def __init__(self, tokenizer: text.CharTokenizer):
+        self.ids = {c: i for i, c in enumerate(tokenizer.chars)}
+        self.dropped: set[str] = set()
+
+    def __call__(self, text_: str) -> list[int]:
+        self.dropped.update(c for c in text_ if c not in self.ids)
+        return [self.ids[c] for c in text_ if c in self.ids]
+
+    def note(self) -> str:
+        """What scoring a character-level model on the tasks means, for the user before the table."""
+        return (f"note: this run reads characters (a vocabulary of {len(self.ids)}), so each text is scored character "
+                "by character: a continuation's log-likelihood is the sum over its characters, and every metric means "
+                "what it means for any tokenizer (LAMBADA's perplexity is per word, WikiText's per word and per byte); "
+                "characters outside the vocabulary are dropped from the texts (their probabilities are not counted), "
+                "a text's first character follows a newline, and a continuation longer than the model's context (in "
+                "characters) cannot be scored")
+
+    def report(self) -> str:
+        """The characters dropped so far, as one line."""
+        if not self.dropped:
+            return "every character of the texts is in the vocabulary: none dropped"
+        shown = " ".join(repr(c) for c in sorted(self.dropped))
+        return f"dropped from the texts (not in the run's vocabulary): {len(self.dropped)} characters: {shown}"
 
 
 def encoder(tokenizer: tokenizers.Tokenizer):

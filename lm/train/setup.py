@@ -192,10 +192,10 @@ def checkpoint_directory(config: ml_collections.ConfigDict, workdir: pathlib.Pat
 
 
 def restore_params(config: ml_collections.ConfigDict, experiment: Experiment, workdir: pathlib.Path,
-                   step: int | None = None):
-    """The params of the checkpoint at step (default: the latest) of the run in workdir, on the
-    first device."""
-    mesh = sharding.make_mesh({axis: 1 for axis in sharding.MESH_AXES}, jax.devices()[:1])
+                   step: int | None = None, mesh: jax.sharding.Mesh | None = None):
+    """The params of the checkpoint at step (default: the latest) of the run in workdir, sharded over mesh as in
+    training (default: on the first device)."""
+    mesh = mesh or sharding.make_mesh({axis: 1 for axis in sharding.MESH_AXES}, jax.devices()[:1])
     rules = sharding.logical_rules(config.sharding_rules)
     init_boxed = state_builder(experiment, make_optimizer(resolve_schedule(config).optimizer))
     state_shapes, _ = abstract_state(init_boxed, jax.random.key(config.seed), mesh, rules)
