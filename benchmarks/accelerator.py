@@ -4,6 +4,7 @@
                                               # BERT-Base pretraining and SST-2 fine-tuning in bf16)
   python benchmarks/accelerator.py --quick    # the CPU-sized rows (baby, the test configs): any machine
   python benchmarks/accelerator.py --rows=small_bf16,small_fp32   # some rows
+  python benchmarks/accelerator.py --quick --profile=traces     # also a trace of each row's step alone
 
 Per row (a config and its overrides), one process, one after another:
   step alone   the train step as the trainer builds it (lm.train.loop: mesh, shardings, donated state,
@@ -17,6 +18,8 @@ Per row (a config and its overrides), one process, one after another:
                logged units/s (median over log intervals, the first left out), the compile seconds it
                logged (the cache now holds the step alone's programs: the warm compile) and its wall time.
   ratio        trainer units/s over step-alone units/s: what the loop loses (1.0: nothing).
+  --profile    one more round of the step alone, untimed, traced by jax.profiler into DIR/<row> (TensorBoard,
+               Perfetto: docs/performance.md); each row prints where.
 Also the device, its peak memory over the row (GPU/TPU), jax and flax versions. The same figures go
 to benchmarks/results/accelerator-<quick|full>-<device>.json; the last line printed is
 `summary: trainer_over_step=<min over rows> ...`.
@@ -40,6 +43,8 @@ _QUICK = flags.DEFINE_bool("quick", False, "The CPU-sized rows (baby and the tes
                            "accelerator rows.")
 _ROWS = flags.DEFINE_list("rows", [], "Only these rows (names as printed); default: all of the set.")
 _ROUNDS = flags.DEFINE_integer("rounds", 5, "Timed rounds of the step alone (after one untimed round).")
+_PROFILE = flags.DEFINE_string("profile", "", "A folder: trace one more round of each row's step alone (untimed) "
+                               "into <folder>/<row>; '' = no trace.")
 _OUT = flags.DEFINE_string("out", str(pathlib.Path(__file__).parent / "results"), "Folder for the JSON.")
 
 TRAINER_RUN = {"train.log_every": 10}  # the trainer's throughput is its logged units/s
@@ -82,9 +87,10 @@ def main(argv):
     run_user_errors(benchmark)
 
 
-def step_alone(config, steps: int, rounds: int) -> dict:
+def step_alone(config, steps: int, rounds: int, profile: pathlib.Path | None = None) -> dict:
     """The trainer's compiled step over the first batches of its pipeline, already placed: cold
-    compile seconds (all shapes), median seconds per step, the step's memory per device."""
+    compile seconds (all shapes), median seconds per step, the step's memory per device. With a profile
+    folder, one more round (untimed) is traced into it."""
     import flax.linen as nn
     import jax
 
@@ -92,6 +98,7 @@ def step_alone(config, steps: int, rounds: int) -> dict:
     from lm.cli.resolve import build_experiment
     from lm.layers.moe import parameter_counts
     from lm.train.compiled import CompiledPerShape
+    from lm.train.profile import trace_written
     from lm.train.setup import build
 
     setup = build(config, build_experiment, None)
@@ -112,6 +119,13 @@ def step_alone(config, steps: int, rounds: int) -> dict:
             jax.block_until_ready((state, metrics))
             if round_index:
                 seconds.append((time.perf_counter() - start) / steps)
+        if profile:
+            with jax.profiler.trace(profile, create_perfetto_trace=True):
+                for first, group in zip(range(0, steps, per_call), groups, strict=True):
+                    with jax.profiler.StepTraceAnnotation("train", step_num=first):
+                        state, metrics = train_step(state, group)
+                jax.block_until_ready((state, metrics))
+            print(trace_written(profile, f"one round of the step alone ({steps} steps)"))
     memory = [c.memory_analysis() for c in train_step.compiled.values()]
     step_bytes = max(m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
                      for m in memory)
@@ -176,7 +190,8 @@ def benchmark() -> None:
         for name, (spec, overrides, steps, trainer_steps) in chosen.items():
             print(f"\n--- {name}: {spec} {' '.join(f'--config.{k}={v}' for k, v in overrides.items())}")
             config = resolve_config(spec, {**overrides, **cache})
-            row = {"config": spec, "overrides": overrides, **step_alone(config, steps, _ROUNDS.value)}
+            profile = pathlib.Path(_PROFILE.value).absolute() / name if _PROFILE.value else None
+            row = {"config": spec, "overrides": overrides, **step_alone(config, steps, _ROUNDS.value, profile)}
             row["units_per_second"] = row["units_per_step"] / row["step_seconds"]
             if peak:
                 row["mfu"] = row["flops_per_step"] / row["step_seconds"] / peak

@@ -24,6 +24,27 @@ def format_bytes(count: float) -> str:
         count /= 1024
 
 
+# what jax.Device.memory_stats() reports (GPU, TPU; a CPU reports nothing) -> the metric it is logged as
+DEVICE_MEMORY_METRICS = {"bytes_in_use": "memory_in_use_bytes", "peak_bytes_in_use": "memory_peak_bytes"}
+
+
+def device_memory(devices) -> dict[str, float]:
+    """The device memory in use and its peak so far, the largest over devices (this process's), as metrics
+    (DEVICE_MEMORY_METRICS): each one where every device's memory_stats() reports it; {} where the backend
+    reports nothing (memory_stats() is None on a CPU)."""
+    stats = [device.memory_stats() or {} for device in devices]
+    return {metric: float(max(s[key] for s in stats)) for key, metric in DEVICE_MEMORY_METRICS.items()
+            if stats and all(key in s for s in stats)}
+
+
+def memory_text(metrics: dict[str, float]) -> str:
+    """'memory <in use> (peak <peak>) | ' for the progress line where metrics hold device_memory's figures."""
+    if not all(metric in metrics for metric in DEVICE_MEMORY_METRICS.values()):
+        return ""
+    return (f"memory {format_bytes(metrics['memory_in_use_bytes'])} "
+            f"(peak {format_bytes(metrics['memory_peak_bytes'])}) | ")
+
+
 def truncate_log(path: pathlib.Path, last_step: int) -> None:
     """Drops records after last_step (written after the checkpoint a run resumes from), a last line cut
     short by a crash, and damaged lines (skipped and counted in a warning): one history, from step 0
