@@ -28,6 +28,7 @@ from lm.runs import CHECKPOINTS_DIR
 from lm.train.checkpoint import Checkpointer
 from lm.train.experiment import Experiment
 from lm.train.optim import learning_rate_schedule, make_optimizer, resolve_schedule, schedule_warning
+from lm.train.profile import profile_window
 from lm.train.state import TrainState
 from lm.train.step import make_multi_step, make_train_step
 
@@ -219,8 +220,10 @@ def build(config: ml_collections.ConfigDict, make_experiment: MakeExperiment,
     the mesh fits the devices and divides the batch; turns on (and names) the compilation cache of
     train.compilation_cache_dir, before anything is compiled. Its config is config with the schedule's
     lengths resolved (resolve_schedule, which first checks the config's declared choices and ranges); a
-    schedule that does not end with the run is printed (one line)."""
+    schedule that does not end with the run is printed (one line); a train.profile window that is malformed or
+    outside the run is a UserError (lm.train.profile.profile_window)."""
     config = resolve_schedule(config)  # first checks every declared choice and range (check_declared)
+    profile_window(config.train.get("profile", ""), config.train.num_steps)  # (runs saved before it have none)
     cache = use_compilation_cache(config.train.compilation_cache_dir)
     print(f"compilation cache: {cache or 'off'}")
     if warning := schedule_warning(config.optimizer, config.train.num_steps):
