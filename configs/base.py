@@ -108,6 +108,9 @@ def language_model(dataset: str = "tinyshakespeare") -> ml_collections.ConfigDic
 
     config.optimizer = optimizer_options(min_learning_rate=1e-4, b2=0.99, weight_decay=0.1)
     config.train = train_options(batch_size=12, num_steps=2000, log_every=50)  # batch_size in windows
+    declare(config.train, z_loss=option(0.0, "weight of the output z-loss, the mean of logsumexp(logits)^2 over the "
+                                             "loss's tokens (PaLM: 1e-4); 0: off (z_loss and logsumexp still logged)",
+                                        bounds=at_least(0)))
 
     config.eval = declare(
         ml_collections.ConfigDict(),

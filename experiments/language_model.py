@@ -18,7 +18,7 @@ from lm.errors import UserError
 from lm.eval.benchmarks import benchmark_evaluators, parse_benchmarks
 from lm.eval.scoring import Scorer, gpt_apply
 from lm.eval.tasks import check_data
-from lm.losses import masked_mean, moe_objective
+from lm.losses import cross_entropy_and_logsumexp, masked_mean, moe_objective
 from lm.models.config import transformer_config
 from lm.models.gpt import GPT, GPTConfig, flops_per_token
 from lm.train.experiment import Evaluator, Experiment
@@ -74,25 +74,35 @@ class LanguageModel(Experiment):
         self.vocab_size = config.data.vocab_size if tokenizer is None else tokenizer.vocab_size
         self.model = GPT(gpt_config(config, self.vocab_size))
         self.units_per_example = config.data.context_length
+        self.z_loss_weight = config.train.get("z_loss", 0.0)  # (runs saved before the option: none)
 
     def init(self, rng: jax.Array) -> dict:
         tokens = jnp.zeros((1, self.config.data.context_length), jnp.int32)
         return self.model.init({"params": rng}, tokens)
 
     def loss(self, params, batch, rng, train: bool):
-        """Cross-entropy plus the weighted mixture-of-experts auxiliary losses (zero when dense). A batch of
-        packed documents (lm/data/packing.py examples) also holds segment_ids and positions, for the model,
-        and weights (B, T): the cross-entropy is then their weighted mean (no loss across a boundary)."""
+        """Cross-entropy, plus train.z_loss times the output z-loss (PaLM: the mean of logsumexp(logits)^2 over
+        the loss's tokens), plus the weighted mixture-of-experts auxiliary losses (zero when dense). Logged
+        beside the loss: cross_entropy, z_loss (the unweighted mean of logsumexp^2) and logsumexp (its mean: the
+        logits' scale, whatever the weight). A batch of packed documents (lm/data/packing.py examples) also
+        holds segment_ids and positions, for the model, and weights (B, T): the means are then weighted by
+        them (no loss across a boundary)."""
         packed = {key: batch[key] for key in ("segment_ids", "positions") if key in batch}
-        token_losses, collections = self.model.apply(
+        per_token, collections = self.model.apply(
             {"params": params}, batch["inputs"], train=train, targets=batch["targets"], rngs={"dropout": rng},
-            mutable=["moe"], **packed,
-        )  # (B, T), in chunks of model.loss_chunk positions
-        cross_entropy = masked_mean(token_losses, batch["weights"]) if "weights" in batch else token_losses.mean()
+            mutable=["moe"], logits_reduce=cross_entropy_and_logsumexp, **packed,
+        )  # {"cross_entropy", "logsumexp"}: (B, T) each, in chunks of model.loss_chunk positions
+
+        def mean(values: jax.Array) -> jax.Array:  # over the loss's tokens
+            return masked_mean(values, batch["weights"]) if "weights" in batch else values.mean()
+
+        cross_entropy, z_loss = mean(per_token["cross_entropy"]), mean(jnp.square(per_token["logsumexp"]))
         moe = self.model.config.transformer.moe
         aux_loss, moe_metrics = moe_objective(collections.get("moe", {}), moe.load_balance_weight,
                                               moe.router_z_weight)
-        return cross_entropy + aux_loss, {"cross_entropy": cross_entropy, **moe_metrics, **self.source_shares(batch)}
+        metrics = {"cross_entropy": cross_entropy, "z_loss": z_loss, "logsumexp": mean(per_token["logsumexp"])}
+        return (cross_entropy + self.z_loss_weight * z_loss + aux_loss,
+                {**metrics, **moe_metrics, **self.source_shares(batch)})
 
     def source_shares(self, batch) -> dict[str, jax.Array]:
         """For a batch of a mixture (its rows' "source", (B,)): each component's share of the batch's tokens

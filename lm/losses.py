@@ -5,6 +5,8 @@ Per position (the caller averages over what counts with `masked_mean`):
                                             (t one-hot) or soft targets (..., V) (rows summing to 1);
                                             label smoothing s: t -> (1 - s) t + s / V
   z_loss(logits (..., V))                   logsumexp(logits)^2 (PaLM's output z-loss, ST-MoE's router z-loss)
+  cross_entropy_and_logsumexp(logits,       {"cross_entropy", "logsumexp"}: the loss of integer targets and the
+                              targets)      log-partition it subtracts from (a z-loss's, the logits' scale)
 Means over a batch:
   masked_mean(values, weights)              sum(values * weights) / max(sum(weights), 1)
   masked_cross_entropy, masked_accuracy     the two above, weighted (weights: 1 for real tokens or rows)
@@ -41,8 +43,7 @@ def cross_entropy(logits: jax.Array, targets: jax.Array, label_smoothing: float 
     """
     if targets.ndim == logits.ndim - 1:
         if not label_smoothing:
-            target_logits = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-            return jax.nn.logsumexp(logits, axis=-1) - target_logits
+            return cross_entropy_and_logsumexp(logits, targets)["cross_entropy"]
         targets = jax.nn.one_hot(targets, logits.shape[-1])
     elif targets.shape != logits.shape:
         raise ValueError(f"targets {targets.shape} are neither ids for logits {logits.shape} nor distributions")
@@ -66,6 +67,14 @@ def masked_accuracy(logits: jax.Array, labels: jax.Array, weights: jax.Array) ->
 def z_loss(logits: jax.Array) -> jax.Array:
     """logits (..., V) -> logsumexp(logits)^2 (...): pulls the softmax normaliser towards 1."""
     return jax.nn.logsumexp(logits, axis=-1) ** 2
+
+
+def cross_entropy_and_logsumexp(logits: jax.Array, targets: jax.Array) -> dict[str, jax.Array]:
+    """logits (..., V), integer targets (...) -> {"cross_entropy": logsumexp - logits[target], "logsumexp":
+    logsumexp(logits)}, each (...): one logsumexp serves the loss and a z-loss (logsumexp^2)."""
+    logsumexp = jax.nn.logsumexp(logits, axis=-1)
+    target_logits = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    return {"cross_entropy": logsumexp - target_logits, "logsumexp": logsumexp}
 
 
 def mean_squared_error(predictions: jax.Array, targets: jax.Array, weights: jax.Array | None = None) -> jax.Array:

@@ -15,6 +15,7 @@ import ml_collections
 
 from lm.hf.mapping import (
     HF_ACTIVATIONS,
+    SWITCHES_OFF,
     Fields,
     Limits,
     Rule,
@@ -53,6 +54,7 @@ def lm_fields(hf: dict) -> Fields:
         "model.position": ("learned", ""),
         "model.use_bias": (True, ""),
         "model.moe.num_experts": (0, ""),
+        **SWITCHES_OFF,
         "model.scale_embeddings": (False, ""),
         "model.tie_embeddings": (hf.get("tie_word_embeddings", True), "tie_word_embeddings"),
         "data.vocab_size": (hf["vocab_size"], "vocab_size"),

@@ -10,7 +10,17 @@ model.tie_embeddings = tie_word_embeddings (False for Llama: its own lm_head). R
 
 import ml_collections
 
-from lm.hf.mapping import Fields, Rule, config_value, dense, norm, padded_vocab, unsupported, vocab_rows
+from lm.hf.mapping import (
+    SWITCHES_OFF,
+    Fields,
+    Rule,
+    config_value,
+    dense,
+    norm,
+    padded_vocab,
+    unsupported,
+    vocab_rows,
+)
 
 ARCHITECTURES = ("LlamaForCausalLM",)
 EXPERIMENT = "language_model"
@@ -52,6 +62,7 @@ def lm_fields(hf: dict) -> Fields:
         "model.rope_base": (float(rope(hf)["rope_theta"]), "rope_theta"),
         "model.use_bias": (bias, "attention_bias"),
         "model.moe.num_experts": (0, ""),
+        **SWITCHES_OFF,
         "model.scale_embeddings": (False, ""),
         "model.tie_embeddings": (hf.get("tie_word_embeddings", False), "tie_word_embeddings"),
         "data.vocab_size": (hf["vocab_size"], "vocab_size"),

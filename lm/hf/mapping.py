@@ -105,6 +105,17 @@ def mlp_kind(hf: dict, field: str, default: str) -> str:
 Fields = dict[str, tuple[Any, str]]
 
 
+# The block switches no architecture lm reads or writes has (Gemma 2's soft-caps, OLMo 2's and Qwen 3's QK-norm,
+# GPT-J's parallel block are not among them): every lm_fields holds them off, so a run with one on does not
+# export, and an init_from=hf:DIR config with one on is a difference, each one line naming the switch.
+SWITCHES_OFF: Fields = {
+    "model.qk_norm": (False, ""),
+    "model.attention_softcap": (0.0, ""),
+    "model.logit_softcap": (0.0, ""),
+    "model.parallel_block": (False, ""),
+}
+
+
 def unsupported(field: str, value: Any, why: str) -> UserError:
     return UserError(f"config.json has {field}={value!r}, which lm cannot represent: {why}")
 
@@ -138,6 +149,7 @@ def encoder_fields(hf: dict, norm_position: str) -> Fields:
         "model.norm_epsilon": (hf.get("layer_norm_eps", 1e-12), "layer_norm_eps"),
         "model.position": ("learned", ""),
         "model.moe.num_experts": (0, ""),
+        **SWITCHES_OFF,
     }
 
 

@@ -6,7 +6,10 @@ full attention without a mask array), XLA's otherwise. Rows of packed documents 
 splash takes them as they are, XLA and the explicit path as a mask, cuDNN not at all. The explicit
 path computes the softmax weights itself; it runs when they are needed: dropout on the weights during
 training, or `capture_weights=True`, which sows them as 'intermediates'/'attention_weights' (B, H, T, S)
-for visualisation. All paths give the same output.
+for visualisation; and for soft-capped scores (softcap > 0: s -> softcap * tanh(s / softcap), Gemma 2) on
+the XLA path, since jax.nn.dot_product_attention takes no cap (splash caps in its kernel, cuDNN cannot).
+qk_norm: RMSNorm over each head's queries and keys (one scale of Dh per projection), before RoPE.
+All paths give the same output.
 """
 
 from collections.abc import Callable
@@ -19,7 +22,7 @@ import jax.numpy as jnp
 from lm.errors import UserError
 from lm.layers.linear import Linear
 from lm.layers.lora import LoraConfig
-from lm.layers.partitioning import constrain
+from lm.layers.partitioning import constrain, param_init
 from lm.layers.positions import alibi_bias, apply_rope
 from lm.layers.splash import splash_attention
 
@@ -28,17 +31,21 @@ ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash")
 CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
 
 
+SOFTCAP_NEED = "attention scores without a soft-cap (jax.nn.dot_product_attention's cuDNN path takes none)"
+
+
 def attention_implementation(requested: str, platform: str, dtype, head_dim: int, lengths: tuple[int, int],
-                             has_mask_or_bias: bool, has_segments: bool = False) -> str:
+                             has_mask_or_bias: bool, has_segments: bool = False, softcap: float = 0.0) -> str:
     """The fused attention for a call with query and key lengths (T, S): 'cudnn', 'splash' or 'xla'.
-    has_segments: the rows are packed documents whose segment ids confine attention.
+    has_segments: the rows are packed documents whose segment ids confine attention. softcap: the scores'
+    soft-cap (0: none).
 
     cudnn   cuDNN flash attention (jax.nn.dot_product_attention): GPU, bf16/fp16, head_dim % 8 == 0 and
             <= 128, no mask or bias array (causal or full attention), no segment ids (the public call
-            takes none: its cuDNN path would need the packed documents as a dense mask).
+            takes none: its cuDNN path would need the packed documents as a dense mask), no soft-cap.
     splash  the Pallas TPU kernel (lm/layers/splash.py): T and S multiples of 128, no mask or bias array
             (segment ids are fine); off TPU it runs interpreted (slow: for tests).
-    xla     XLA's attention (jax.nn.dot_product_attention): anything, anywhere.
+    xla     XLA's attention (jax.nn.dot_product_attention; with a soft-cap, the explicit path): anything, anywhere.
     auto    cudnn on GPU and splash on TPU where they apply, else xla. Asking for cudnn or splash where
             it does not apply is a UserError saying why.
     """
@@ -53,6 +60,7 @@ def attention_implementation(requested: str, platform: str, dtype, head_dim: int
              jnp.dtype(dtype) not in CUDNN_DTYPES),
             (f"a head dimension that is a multiple of 8 up to 128 (it is {head_dim})", head_dim % 8 or head_dim > 128),
             no_array,
+            (SOFTCAP_NEED, softcap > 0),
         ],
         "splash": [
             (f"sequence lengths that are multiples of 128 (they are {lengths[0]} and {lengths[1]})",
@@ -67,6 +75,22 @@ def attention_implementation(requested: str, platform: str, dtype, head_dim: int
     if unmet:
         raise UserError(f"model.attention_impl={requested} needs {unmet[0]}; use attention_impl=auto or xla")
     return requested
+
+
+def fallback_note(requested: str, platform: str, softcap: float) -> str | None:
+    """One line saying that attention runs on XLA, not the fused kernel `auto` prefers on this platform,
+    because of the scores' soft-cap; None where the soft-cap changes nothing (no cap, a kernel that caps, or
+    an explicit choice, which attention_implementation checks)."""
+    if requested == "auto" and platform == "gpu" and softcap > 0:
+        return (f"attention: XLA, not cuDNN: model.attention_softcap={softcap} needs {SOFTCAP_NEED}; "
+                "set attention_softcap=0 for the fused kernel")
+    return None
+
+
+def capped(scores: jax.Array, softcap: float) -> jax.Array:
+    """softcap * tanh(scores / softcap): scores squashed into (-softcap, softcap), near-identity well inside
+    it; softcap 0: scores unchanged."""
+    return softcap * jnp.tanh(scores / softcap) if softcap else scores
 
 
 def padding_mask(key_valid: jax.Array) -> jax.Array:
@@ -95,13 +119,16 @@ def combine_masks(*masks: jax.Array | None) -> jax.Array | None:
     return combined
 
 
-def attention_weights(q: jax.Array, k: jax.Array, bias: jax.Array | None, mask: jax.Array | None) -> jax.Array:
-    """softmax(q.k / sqrt(Dh) + bias) over keys, masked: q (B, T, H, Dh), k (B, S, K, Dh) -> (B, H, T, S)."""
+def attention_weights(q: jax.Array, k: jax.Array, bias: jax.Array | None, mask: jax.Array | None,
+                      softcap: float = 0.0) -> jax.Array:
+    """softmax(capped(q.k / sqrt(Dh), softcap) + bias) over keys, masked: q (B, T, H, Dh), k (B, S, K, Dh) ->
+    (B, H, T, S)."""
     batch, length, num_heads, head_dim = q.shape
     kv_heads = k.shape[2]
     grouped = q.reshape(batch, length, kv_heads, num_heads // kv_heads, head_dim)  # (B, T, K, G, Dh)
     logits = jnp.einsum("btkgd,bskd->bkgts", grouped, k, preferred_element_type=jnp.float32)
     logits = logits.reshape(batch, num_heads, length, k.shape[1]) / jnp.sqrt(head_dim).astype(jnp.float32)
+    logits = capped(logits, softcap)
     if bias is not None:
         logits = logits + bias
     if mask is not None:  # a fully masked row comes out uniform, as in the fused path
@@ -131,6 +158,8 @@ class MultiHeadAttention(nn.Module):
     Decoding (self-attention): pass cache_index, the absolute position of x[:, 0]; keys and values
     go into a 'cache' collection whose length is fixed by the input given to `init`.
     lora: the LoRA adapters of the projections query, key, value and out that its targets name.
+    qk_norm: RMSNorm (epsilon norm_epsilon) over each head's queries and keys. softcap > 0: the scores q.k / sqrt(Dh)
+    are capped to softcap * tanh(. / softcap) before bias and mask.
     """
 
     num_heads: int
@@ -146,6 +175,9 @@ class MultiHeadAttention(nn.Module):
     kernel_init: Callable = nn.initializers.normal(0.02)
     out_kernel_init: Callable = nn.initializers.normal(0.02)
     lora: LoraConfig = LoraConfig()
+    qk_norm: bool = False
+    norm_epsilon: float = 1e-6  # of qk_norm
+    softcap: float = 0.0
 
     @nn.compact
     def __call__(
@@ -186,6 +218,10 @@ class MultiHeadAttention(nn.Module):
         q = projection(x, self.num_heads, "query")  # (B, T, H, Dh)
         k = projection(kv, self.num_kv_heads, "key")  # (B, S, K, Dh)
         v = projection(kv, self.num_kv_heads, "value")  # (B, S, K, Dh)
+        if self.qk_norm:  # over Dh, per head
+            q, k = (nn.RMSNorm(epsilon=self.norm_epsilon, dtype=self.dtype, name=f"{name}_norm",
+                               scale_init=param_init(nn.initializers.ones, ("kv",)))(y)
+                    for y, name in ((q, "query"), (k, "key")))
 
         length = x.shape[1]
         if positions is None:
@@ -205,23 +241,25 @@ class MultiHeadAttention(nn.Module):
             bias = alibi_bias(self.num_heads, positions, key_positions, self.causal)
 
         segments = None if segment_ids is None else segment_mask(segment_ids)
-        if capture_weights or (train and self.dropout > 0):
+        platform = jax.default_backend()
+        explicit = capture_weights or (train and self.dropout > 0)
+        implementation = "xla" if explicit else attention_implementation(
+            self.implementation, platform, q.dtype, self.head_dim, (length, k.shape[1]),
+            mask is not None or bias is not None, segment_ids is not None, self.softcap,
+        )
+        if explicit or (self.softcap and implementation == "xla"):  # jax.nn.dot_product_attention takes no cap
             if use_causal_flag:  # by index, as the fused path's is_causal (packed rows restart their positions)
                 mask = combine_masks(mask, causal_mask(jnp.arange(length), jnp.arange(k.shape[1])))
             mask = combine_masks(mask, segments)
-            weights = attention_weights(q, k, bias, mask)  # (B, H, T, S)
+            weights = attention_weights(q, k, bias, mask, self.softcap)  # (B, H, T, S)
             if capture_weights:
                 self.sow("intermediates", "attention_weights", weights)
             weights = nn.Dropout(self.dropout, deterministic=not train)(weights)
             out = weighted_values(weights, v)
         else:
-            platform = jax.default_backend()
-            implementation = attention_implementation(
-                self.implementation, platform, q.dtype, self.head_dim, (length, k.shape[1]),
-                mask is not None or bias is not None, segment_ids is not None,
-            )
             if implementation == "splash":
-                out = splash_attention(q, k, v, use_causal_flag, segment_ids, interpret=platform != "tpu")
+                out = splash_attention(q, k, v, use_causal_flag, segment_ids, interpret=platform != "tpu",
+                                       softcap=self.softcap)
             else:
                 mask = combine_masks(mask, segments)
                 if mask is not None:

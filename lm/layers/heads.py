@@ -8,6 +8,8 @@ of prediction. Each returns float32; the losses that go with them are in lm/loss
   SpanHead          (B, T, D) -> start and end logits (B, T) each, MASKED_LOGIT where mask is False (span extraction)
   RegressionHead    (B, D) -> (B,): a dense to one value (e.g. sentence-pair similarity)
 
+LMHead and PooledClassifier take a softcap (model.logit_softcap): logits z -> softcap * tanh(z / softcap), 0: none.
+
 A model that must keep the parameter names it had before its head became a module calls
 `nn.share_scope(self, head)`: the head's parameters then sit in the model's scope under their own
 names (GPT's `lm_head`, ViT's `head`), as they always did, so old checkpoints load.
@@ -20,6 +22,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from lm.layers.attention import capped
 from lm.layers.embedding import TokenEmbedding
 from lm.layers.linear import Linear
 from lm.layers.partitioning import constrain
@@ -51,6 +54,7 @@ class LMHead(nn.Module):
 
     embedding given (tied): the token table's attend, h . E^T; else a bias-free kernel 'lm_head' (D, V)
     of padded_vocab_size columns. The padding rows are cut off, so they never compete in a softmax.
+    softcap > 0: the logits capped to softcap * tanh(z / softcap).
     """
 
     vocab_size: int
@@ -58,6 +62,7 @@ class LMHead(nn.Module):
     embedding: TokenEmbedding | None = None
     dtype: Any = jnp.float32
     kernel_init: Callable = nn.initializers.normal(0.02)
+    softcap: float = 0.0
 
     @nn.compact
     def __call__(self, hidden: jax.Array) -> jax.Array:
@@ -68,7 +73,8 @@ class LMHead(nn.Module):
             project = Linear((embed_dim,), (self.padded_vocab_size,), ("embed", "vocab"), use_bias=False,
                              dtype=self.dtype, kernel_init=self.kernel_init, name="lm_head")
         logits = project(hidden.reshape(-1, embed_dim)).reshape(*hidden.shape[:-1], -1)
-        return constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))[..., : self.vocab_size]
+        logits = constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))[..., : self.vocab_size]
+        return capped(logits, self.softcap)
 
 
 class PooledClassifier(nn.Module):
@@ -76,6 +82,7 @@ class PooledClassifier(nn.Module):
 
     pooled = pool(hidden, pool, mask); with pooler (BERT), pooled = tanh(W_p pooled + b_p) ('pooler',
     D -> D); logits = W pooled + b ('head'). kernel_init: of both (zeros for a ViT's head, as big_vision).
+    softcap > 0: the logits capped to softcap * tanh(z / softcap).
     """
 
     num_classes: int
@@ -83,6 +90,7 @@ class PooledClassifier(nn.Module):
     pooler: bool = False
     dtype: Any = jnp.float32
     kernel_init: Callable = nn.initializers.normal(0.02)
+    softcap: float = 0.0
 
     @nn.compact
     def __call__(self, hidden: jax.Array, mask: jax.Array | None = None) -> jax.Array:
@@ -91,7 +99,7 @@ class PooledClassifier(nn.Module):
         if self.pooler:
             pooled = jnp.tanh(head_dense(embed_dim, embed_dim, self.dtype, self.kernel_init, "pooler")(pooled))
         logits = head_dense(embed_dim, self.num_classes, self.dtype, self.kernel_init, "head")(pooled)
-        return logits.astype(jnp.float32)  # (B, K)
+        return capped(logits.astype(jnp.float32), self.softcap)  # (B, K)
 
 
 class TokenTagger(nn.Module):

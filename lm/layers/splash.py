@@ -20,10 +20,11 @@ HEADS_MAJOR_AXES = ("batch", "heads", "length", "kv")  # the (B, H, T, Dh) layou
 
 
 def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool, segment_ids: jax.Array | None,
-                     interpret: bool) -> jax.Array:
+                     interpret: bool, softcap: float = 0.0) -> jax.Array:
     """softmax(q.k / sqrt(Dh)) v per head: q (B, T, H, Dh), k and v (B, S, K, Dh), K dividing H
     (grouped-query heads are repeated) -> (B, T, H, Dh). segment_ids (B, T) of self-attention over packed
-    rows (T = S): a query sees only the keys of its own segment; None: no segments."""
+    rows (T = S): a query sees only the keys of its own segment; None: no segments. softcap > 0: the scores
+    are softcap * tanh(q.k / sqrt(Dh) / softcap) (the kernel's attn_logits_soft_cap)."""
     groups = q.shape[2] // k.shape[2]
     k, v = (jnp.repeat(x, groups, axis=2) for x in (k, v))  # (B, S, H, Dh)
     q = q * jnp.asarray(1 / np.sqrt(q.shape[-1]), q.dtype)
@@ -34,7 +35,7 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool, seg
         head_mask = (splash_attention_mask.CausalMask if causal else splash_attention_mask.FullMask)((length, keys))
         kernel = splash_attention_kernel.make_splash_mha(
             splash_attention_mask.MultiHeadMask([head_mask] * heads), head_shards=1, q_seq_shards=1,
-            interpret=interpret,
+            interpret=interpret, attn_logits_soft_cap=softcap or None,
         )
         segments = None if segment_ids is None else splash_attention_kernel.SegmentIds(segment_ids, segment_ids)
         return jax.vmap(kernel)(q, k, v, segments)  # over the examples

@@ -7,6 +7,11 @@ values, from which the configs' `model` section and its checks are generated (lm
 
   pre-norm   x = x + f(norm(x)) per sub-layer, one final norm after the last block (GPT-2)
   post-norm  x = norm(x + f(x)) per sub-layer, no final norm (Vaswani et al. 2017)
+  parallel   x = x + attention(h) + mlp(h), h = norm(x): the sub-layers side by side from one norm (GPT-J,
+             PaLM); post-norm: x = norm(x + attention(x) + mlp(x)). Cross-attention joins them the same way.
+
+Stability switches: qk_norm (RMSNorm over each head's queries and keys), attention_softcap and logit_softcap
+(scores and output logits squashed to cap * tanh(s / cap); the output heads of lm/layers/heads.py cap theirs).
 
 How the stack is compiled is a config choice too, with the same numerics either way:
   scan_layers=False  one block_<i> module per layer: XLA sees (and compiles) every layer
@@ -30,7 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from lm.errors import UserError
-from lm.layers.attention import ATTENTION_IMPLS, MultiHeadAttention
+from lm.layers.attention import ATTENTION_IMPLS, SOFTCAP_NEED, MultiHeadAttention
 from lm.layers.initializers import INIT_SCHEMES, initializers
 from lm.layers.lora import ATTENTION_TARGETS, LoraConfig
 from lm.layers.mlp import MLP_KINDS, Mlp, mlp_hidden_dim
@@ -98,6 +103,13 @@ class TransformerConfig:
     attention_dropout: float = option(0.0, "dropout on attention weights", bounds=SHARE_BELOW_ONE)
     use_bias: bool = option(True, "biases in the attention and MLP projections")
     init: str = option("gpt2", "initialisation scheme (lm/layers/initializers.py)", choices=INIT_SCHEMES)
+    qk_norm: bool = option(False, "RMSNorm over each head's queries and keys, before RoPE (OLMo 2, Qwen 3)")
+    attention_softcap: float = option(0.0, "attention scores s capped to cap * tanh(s / cap) (Gemma 2: 50); 0: off",
+                                      bounds=at_least(0))
+    logit_softcap: float = option(0.0, "output logits z capped to cap * tanh(z / cap) (Gemma 2: 30); 0: off",
+                                  bounds=at_least(0))
+    parallel_block: bool = option(False, "attention and MLP side by side from one norm: x + attn(h) + mlp(h), "
+                                         "h = norm(x) (GPT-J, PaLM)")
     dtype: Any = option(jnp.float32, "compute dtype; parameters stay float32 (the optimizer's master copy)",
                         choices=COMPUTE_DTYPES, key="compute_dtype")
     # How the model is computed, not what it computes (the same numerics): see the module docstring.
@@ -141,6 +153,9 @@ class TransformerConfig:
                 f"model.moe.every={moe.every} (the scanned group of blocks); change one, or scan_layers=False"
             )
         self.lora.check_matches(self.projections)
+        if self.attention_impl == "cudnn" and self.attention_softcap:
+            raise UserError(f"model.attention_impl=cudnn needs {SOFTCAP_NEED}, and model.attention_softcap="
+                            f"{self.attention_softcap}: use attention_impl=auto or xla, or attention_softcap=0")
 
     @property
     def layer_period(self) -> int:
@@ -213,6 +228,9 @@ class TransformerBlock(nn.Module):
                 kernel_init=inits.dense,
                 out_kernel_init=inits.residual,
                 lora=cfg.lora,
+                qk_norm=cfg.qk_norm,
+                norm_epsilon=cfg.norm_epsilon,
+                softcap=cfg.attention_softcap,
                 name=name,
             )
 
@@ -238,29 +256,35 @@ class TransformerBlock(nn.Module):
         else:
             mlp = Mlp(name="mlp", lora=cfg.lora, train=train, **mlp_args)
         dropout = nn.Dropout(cfg.dropout, deterministic=not train)
-        norm_attention = Norm(cfg.norm, dtype=cfg.dtype, epsilon=cfg.norm_epsilon, name="norm_attention")
-        norm_mlp = Norm(cfg.norm, dtype=cfg.dtype, epsilon=cfg.norm_epsilon, name="norm_mlp")
+
+        def norm(name: str) -> Norm:
+            return Norm(cfg.norm, dtype=cfg.dtype, epsilon=cfg.norm_epsilon, name=name)
 
         def attend(h):
             return attention(h, mask=mask, positions=positions, segment_ids=segment_ids, cache_index=cache_index,
                              train=train, capture_weights=capture_weights)
 
-        sublayers = [(attend, norm_attention)]
+        sublayers = [(attend, "norm_attention")]
         if self.cross_attention:
             cross = attention_module("cross_attention", causal=False, position="none")  # positions: self-attention only
 
             def attend_memory(h):
                 return cross(h, memory, mask=memory_mask, train=train, capture_weights=capture_weights)
 
-            norm_cross = Norm(cfg.norm, dtype=cfg.dtype, epsilon=cfg.norm_epsilon, name="norm_cross_attention")
-            sublayers.append((attend_memory, norm_cross))
-        sublayers.append((mlp, norm_mlp))
+            sublayers.append((attend_memory, "norm_cross_attention"))
+        sublayers.append((mlp, "norm_mlp"))
 
-        for sublayer, norm in sublayers:
-            if cfg.norm_position == "pre":
-                x = x + dropout(sublayer(norm(x)))
-            else:
-                x = norm(x + dropout(sublayer(x)))
+        if cfg.parallel_block:  # one norm for all: x + sum f(norm(x)), or norm(x + sum f(x))
+            shared = norm("norm")
+            h = shared(x) if cfg.norm_position == "pre" else x
+            x = x + sum(dropout(sublayer(h)) for sublayer, _ in sublayers)
+            x = x if cfg.norm_position == "pre" else shared(x)
+        else:
+            for sublayer, name in sublayers:
+                if cfg.norm_position == "pre":
+                    x = x + dropout(sublayer(norm(name)(x)))
+                else:
+                    x = norm(name)(x + dropout(sublayer(x)))
         return constrain(x, ("batch", "length", "embed"))
 
 

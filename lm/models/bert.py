@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from lm.layers.attention import padding_mask
+from lm.layers.attention import capped, padding_mask
 from lm.layers.embedding import TokenEmbedding
 from lm.layers.heads import LMHead, head_dense
 from lm.layers.norms import Norm
@@ -147,7 +147,7 @@ class MaskedLMHead(nn.Module):
         logits = LMHead(cfg.vocab_size, cfg.padded_vocab_size, token_embed, blocks.dtype, name="output")(h)
         # (V,), unpadded, so unsharded: V need not divide the 'tensor' axis
         bias = self.param("bias", param_init(nn.initializers.zeros, (None,)), (cfg.vocab_size,), jnp.float32)
-        return logits + bias  # (B, P, V)
+        return capped(logits + bias, blocks.logit_softcap)  # (B, P, V)
 
 
 class BertForPretraining(nn.Module):

@@ -10,9 +10,11 @@ The README's table of architecture switches lists every option but those in NOT_
 checks both against the fields).
 """
 
+import jax
 import ml_collections
 
 from lm.errors import UserError
+from lm.layers.attention import fallback_note
 from lm.layers.options import declared_section, from_section
 from lm.layers.transformer import COMPUTE_DTYPES, TransformerConfig
 
@@ -47,5 +49,9 @@ def compute_dtype(name: str):
 
 def transformer_config(model: ml_collections.ConfigDict) -> TransformerConfig:
     """The block options of a config's `model` section (checked: bad values are UserErrors). An option
-    the section lacks takes its default: runs saved before it existed computed the model that way."""
-    return from_section(TransformerConfig, model)
+    the section lacks takes its default: runs saved before it existed computed the model that way. Where a
+    switch keeps attention off the fused kernel this platform would run, one line says so (fallback_note)."""
+    config = from_section(TransformerConfig, model)
+    if note := fallback_note(config.attention_impl, jax.default_backend(), config.attention_softcap):
+        print(note)
+    return config

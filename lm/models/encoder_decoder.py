@@ -72,7 +72,8 @@ class Decoder(nn.Module):
             memory_mask=padding_mask(source_mask.astype(bool)), train=train, capture_weights=capture_weights,
         )
         padded_vocab_size = cfg.padded(cfg.target_vocab_size)
-        return LMHead(cfg.target_vocab_size, padded_vocab_size, table, name="head")(x)  # tied output layer
+        return LMHead(cfg.target_vocab_size, padded_vocab_size, table, softcap=cfg.transformer.logit_softcap,
+                      name="head")(x)  # tied output layer
 
 
 class EncoderDecoder(nn.Module):

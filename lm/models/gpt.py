@@ -10,9 +10,11 @@ vocabulary-wide head is computed for those positions alone, not for all B * T, i
 chunk's logits exist at a time (scoring continuations, lm/eval/scoring.py: a CPU spends more on a large logits
 buffer than on the matmul that fills it).
 
-Given targets, the model returns the per-token cross-entropy (B, T) instead of the logits. With
-loss_chunk = c > 0 it computes it c positions at a time, recomputing each chunk's logits in the
-backward pass, so the (B, T, V) logits (3.3 GB in float32 for GPT-2 at batch 16) never exist at once.
+Given targets, the model returns the per-token cross-entropy (B, T) instead of the logits (or, given
+logits_reduce, logits_reduce(logits, targets): any tree of (B, T) arrays, e.g. the cross-entropy beside the
+logsumexp that a z-loss needs). With loss_chunk = c > 0 it computes it c positions at a time, recomputing
+each chunk's logits in the backward pass, so the (B, T, V) logits (3.3 GB in float32 for GPT-2 at batch 16)
+never exist at once.
 
 Rows of packed documents (lm/data/packing.py) come with segment_ids (B, T) and positions (B, T): a
 token attends only to the earlier tokens of its own document, and its position (for the learned table
@@ -51,8 +53,9 @@ class GPTConfig:
 
 class GPT(nn.Module):
     """Call with tokens (B, T) int32 -> logits (B, T, V); with targets (B, T) -> per-token
-    cross-entropy (B, T). Packed rows: segment_ids (B, T) (1, 2, ... per document, 0 padding) and
-    positions (B, T) (restarting at 0 per document), both or neither. With decode=True, reads and
+    cross-entropy (B, T), or logits_reduce(logits, targets) (a tree of (B, T) arrays). Packed rows:
+    segment_ids (B, T) (1, 2, ... per document, 0 padding) and positions (B, T) (restarting at 0 per
+    document), both or neither. With decode=True, reads and
     advances the KV cache (rows of one sequence each: no segment ids). With logit_positions (N, c),
     targets (N, c) and logits_reduce: the logits of those positions only, reduced chunk by chunk (module
     docstring)."""
@@ -94,7 +97,7 @@ class GPT(nn.Module):
         )
 
         head = LMHead(cfg.vocab_size, cfg.padded_vocab_size, token_embed if cfg.tie_embeddings else None,
-                      blocks.dtype, blocks.inits.dense, name="head")
+                      blocks.dtype, blocks.inits.dense, blocks.logit_softcap, name="head")
         nn.share_scope(self, head)  # an untied kernel stays GPT's 'lm_head', as in older checkpoints
 
         if logit_positions is not None:
@@ -102,9 +105,10 @@ class GPT(nn.Module):
             return self._reduced_logits(chosen, targets, head, logits_reduce)
         if targets is None:
             return head(x)
+        per_token = logits_reduce or cross_entropy
         if not cfg.loss_chunk:
-            return cross_entropy(head(x), targets)
-        return self._chunked_cross_entropy(x, targets, head)
+            return per_token(head(x), targets)
+        return self._chunked_per_token(x, targets, head, per_token)
 
     def _reduced_logits(self, hidden: jax.Array, targets: jax.Array, head: LMHead,
                         reduce: Callable[[jax.Array, jax.Array], Any]) -> Any:
@@ -118,9 +122,11 @@ class GPT(nn.Module):
         scan = nn.scan(body, variable_broadcast="params", split_rngs={"params": False})
         return scan(self, None, (hidden, targets))[1]
 
-    def _chunked_cross_entropy(self, x: jax.Array, targets: jax.Array, head: LMHead) -> jax.Array:
-        """x (B, T, D), targets (B, T) -> (B, T) losses, loss_chunk positions at a time (a scan over the
-        T / c chunks; each chunk's logits are recomputed in the backward pass rather than kept)."""
+    def _chunked_per_token(self, x: jax.Array, targets: jax.Array, head: LMHead,
+                           per_token: Callable[[jax.Array, jax.Array], Any]) -> Any:
+        """x (B, T, D), targets (B, T) -> per_token(logits, targets) (a tree of (B, T) arrays), loss_chunk
+        positions at a time (a scan over the T / c chunks; each chunk's logits are recomputed in the backward
+        pass rather than kept)."""
         batch, length, embed_dim = x.shape
         chunk = self.config.loss_chunk
         if length % chunk:
@@ -132,11 +138,11 @@ class GPT(nn.Module):
 
         def body(module, carry, inputs):
             h, y = inputs  # (B, c, D), (B, c)
-            return carry, cross_entropy(head(h), y)
+            return carry, per_token(head(h), y)
 
         scan = nn.scan(nn.remat(body, prevent_cse=False), variable_broadcast="params", split_rngs={"params": False})
-        _, losses = scan(self, None, (by_chunk(x), by_chunk(targets)))  # (T / c, B, c)
-        return losses.swapaxes(0, 1).reshape(batch, length)
+        _, chunked = scan(self, None, (by_chunk(x), by_chunk(targets)))  # leaves (T / c, B, c)
+        return jax.tree.map(lambda leaf: leaf.swapaxes(0, 1).reshape(batch, length), chunked)
 
 
 def flops_per_token(config: GPTConfig, active_params: int) -> float:

@@ -131,7 +131,8 @@ class ViT(nn.Module):
             x, positions=jnp.arange(x.shape[1]), train=train, capture_weights=capture_weights
         )  # (B, T, D)
         classifier = PooledClassifier(cfg.num_classes, HEAD_POOLS[cfg.pool], dtype=blocks.dtype,
-                                      kernel_init=nn.initializers.zeros, name="classifier")  # zero init, as big_vision
+                                      kernel_init=nn.initializers.zeros, softcap=blocks.logit_softcap,
+                                      name="classifier")  # zero init, as big_vision
         nn.share_scope(self, classifier)  # its dense stays the ViT's 'head', as in older checkpoints
         return classifier(x)  # (B, num_classes)
 
