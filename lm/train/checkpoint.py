@@ -110,14 +110,17 @@ class Checkpointer:
     processes, every process calls every method: Orbax writes and reads collectively. A context
     manager: closed on leaving the block (after an error in it, as __exit__ says)."""
 
-    def __init__(self, directory: str, keep: int):
+    def __init__(self, directory: str, keep: int, keep_steps: tuple[int, ...] = ()):
         """directory: an absolute local path, or a URL Orbax writes to (gs://...). Nothing is created
-        before the first save makes the folder, so that a run a check stops leaves none behind."""
+        before the first save makes the folder, so that a run a check stops leaves none behind. The keep
+        latest checkpoints are kept, and those of keep_steps besides (a WSD run's last stable step)."""
         folder = epath.Path(directory)
+        kept = ocp.checkpoint_managers.AnyPreservationPolicy(
+            [ocp.checkpoint_managers.LatestN(n=keep), ocp.checkpoint_managers.CustomSteps(keep_steps)])
         self.manager = ocp.CheckpointManager(
             directory,
             options=ocp.CheckpointManagerOptions(
-                max_to_keep=keep, enable_async_checkpointing=True, create=False,
+                preservation_policy=kept, enable_async_checkpointing=True, create=False,
                 # what a killed save left behind (never restored): none in a new or empty folder, which
                 # a failed run may remove again (lm.train.setup.prepared_directory) while this runs
                 cleanup_tmp_directories=folder.exists() and any(folder.iterdir()),
@@ -200,14 +203,16 @@ class Checkpointer:
                 raise CorruptCheckpoint(step, self.manager.directory, f"is damaged: the array {name} does not "
                                         "match the checksum recorded when it was saved")
 
-    def restore_latest(self, abstract_state, fallback: bool) -> tuple[int, object] | None:
-        """(step, state) of the latest checkpoint, or None when there is none. One that cannot be
-        read or fails its checksums is a UserError, unless fallback: then it is set aside (renamed
-        '<step>.corrupt', kept for inspection), said in a warning once an earlier one restores, and
+    def restore_latest(self, abstract_state, fallback: bool, at_most: int | None = None) -> tuple[int, object] | None:
+        """(step, state) of the latest checkpoint (the latest up to step at_most, where given), or None when there
+        is none. One that cannot be read or fails its checksums is a UserError, unless fallback: then it is set
+        aside (renamed '<step>.corrupt', kept for inspection), said in a warning once an earlier one restores, and
         the one before is tried. With none left (or only set-aside ones) it is a UserError too: a
         run starts again from step 0 only once the user has deleted the checkpoints."""
         set_aside_warnings = []
         for step in sorted(self.manager.all_steps(), reverse=True):
+            if at_most is not None and step > at_most:
+                continue
             try:
                 restored = step, self.restore_checked(step, abstract_state)
             except CorruptCheckpoint as e:
@@ -231,6 +236,13 @@ class Checkpointer:
                             f"{', '.join(set_aside)}); to train from step 0, delete {self.manager.directory} "
                             "(or pass another --workdir)")
         return None
+
+    def discard_after(self, step: int) -> list[int]:
+        """Deletes the checkpoints after step (a run that goes on from step replaces them); returns their steps."""
+        newer = sorted(later for later in self.manager.all_steps() if later > step)
+        for later in newer:
+            self.manager.delete(later)
+        return newer
 
     def save(self, step: int, state) -> bool:
         """Saves now (the trainer decides when), in the background; a failure of the previous

@@ -38,7 +38,7 @@ from lm.train.evaluate import Evaluations
 from lm.train.flops import peak_flops_per_device
 from lm.train.lock import workdir_lock
 from lm.train.metrics import MetricWriter, drop_logs, mean_metrics, truncate_log
-from lm.train.optim import resolve_schedule
+from lm.train.optim import decay_start, resolve_schedule, wsd_resume_limit
 from lm.train.prefetch import DevicePrefetcher
 from lm.train.setup import MakeExperiment, Setup, build, checkpoint_directory, prepared_directory
 
@@ -184,14 +184,16 @@ def nothing_to_do(step: int, num_steps: int) -> str:
 
 def restore_own(checkpointer: Checkpointer, state_shapes, config: ml_collections.ConfigDict,
                 workdir: pathlib.Path) -> tuple[int, object] | None:
-    """The run's latest checkpoint (Checkpointer.restore_latest), or None. One of another model is a
-    UserError that names the fields of the model and data sections in which the workdir's config.json
-    (the config that wrote it) differs from config, with both values; the first array of another shape
-    where none do."""
+    """The run's latest checkpoint (Checkpointer.restore_latest), or None; a WSD run whose decay moved goes on
+    from its latest checkpoint before the decay began (lm.train.optim.wsd_resume_limit), and where none is left
+    that is a UserError. One of another model is a UserError that names the fields of the model and data
+    sections in which the workdir's config.json (the config that wrote it) differs from config, with both
+    values; the first array of another shape where none do."""
+    saved = runs.saved_config(workdir)
+    limit = wsd_resume_limit(saved["optimizer"] if saved else None, config.optimizer)
     try:
-        return checkpointer.restore_latest(state_shapes, config.train.restore_fallback)
+        restored = checkpointer.restore_latest(state_shapes, config.train.restore_fallback, at_most=limit)
     except IncompatibleCheckpoint as e:
-        saved = runs.saved_config(workdir)
         fields = runs.differing_fields(saved, config, ("model", "data")) if saved else []
         if not fields:
             raise
@@ -199,6 +201,13 @@ def restore_own(checkpointer: Checkpointer, state_shapes, config: ml_collections
         raise UserError(f"{workdir} holds a run with {runs.settings(fields, saved=True)} ({CONFIG_FILE}), this "
                         f"config has {runs.settings(fields, saved=False)}: drop {overrides} (or resume with "
                         f"{runs.override_flags(fields)}) or use another --workdir") from e
+    if limit is not None and restored is None and checkpointer.manager.all_steps():
+        recorded = saved["optimizer"]["decay_steps"]
+        raise UserError(f"{workdir} holds no checkpoint from before its WSD decay (step {limit} or earlier) to "
+                        f"train on with the decay at step {config.optimizer.decay_steps}: resume with "
+                        f"--config.optimizer.decay_steps={recorded} (the schedule it was trained with), or use "
+                        "another --workdir")
+    return restored
 
 
 def _train_locked(setup: Setup, workdir: pathlib.Path) -> dict[str, float]:
@@ -209,7 +218,8 @@ def _train_locked(setup: Setup, workdir: pathlib.Path) -> dict[str, float]:
     checkpoints = checkpoint_directory(config, workdir)
     chosen = tcfg.checkpoint_dir and "://" not in checkpoints  # (the workdir's own was checked above)
     with prepared_directory(checkpoints, "--config.train.checkpoint_dir") if chosen else contextlib.nullcontext():
-        checkpointer = Checkpointer(checkpoints, tcfg.keep_checkpoints)
+        stable_end = decay_start(config.optimizer)  # (kept: a WSD run given more steps goes on from there)
+        checkpointer = Checkpointer(checkpoints, tcfg.keep_checkpoints, () if stable_end is None else (stable_end,))
         try:
             restored = restore_own(checkpointer, state_shapes, config, workdir)
             initial_params = init_from.prepare(config.init_from, config.init_from_rename, state_shapes.params,
@@ -238,6 +248,9 @@ def _train_locked(setup: Setup, workdir: pathlib.Path) -> dict[str, float]:
             if is_primary():
                 truncate_log(workdir / METRICS_FILE, start_step)
             print(f"resumed from step {start_step} in {workdir}")
+            if replaced := checkpointer.discard_after(start_step):  # a WSD run's earlier decay (restore_own)
+                print(f"removed the checkpoints after it (steps {', '.join(map(str, replaced))}): the decay moved "
+                      f"to step {config.optimizer.decay_steps}")
         train_iter = iter(setup.train_data(start_step))
         if start_step >= tcfg.num_steps and (workdir / RESULTS_FILE).is_file():
             print(nothing_to_do(start_step, tcfg.num_steps))
@@ -333,11 +346,13 @@ class Trainer:
         skipped = 0
         interval_start, interval_steps = time.perf_counter(), 0
         stopping = False
+        stable_end = decay_start(self.config.optimizer)  # a WSD run saves its last stable step
         boundaries = (tcfg.log_every, tcfg.checkpoint_every, *(e.every for e in self.evaluations.evaluators if e.every))
         # Nothing here waits for the devices between log, eval and checkpoint steps: the device values
         # (metrics, NaN flags) are read there, and the host runs ahead, dispatching the next steps.
         while step < tcfg.num_steps and not stopping:
-            count = steps_until_boundary(step, tcfg.steps_per_dispatch, tcfg.num_steps, boundaries)
+            stop_at = stable_end if stable_end is not None and step < stable_end < tcfg.num_steps else tcfg.num_steps
+            count = steps_until_boundary(step, tcfg.steps_per_dispatch, stop_at, boundaries)
             batch_group = tuple(next(batches) for _ in range(count))
             compile_seconds = self.train_step.seconds
             state, metrics = self.train_step(state, batch_group)
@@ -351,7 +366,7 @@ class Trainer:
             # The first dispatch of a run (or of a resumed one) is printed at once, not log_every steps
             # later; the log files keep one record every log_every steps, as if it had not been.
             print_now = log_now or step - count == start_step
-            save_now = step % tcfg.checkpoint_every == 0 or step == tcfg.num_steps or stopping
+            save_now = step % tcfg.checkpoint_every == 0 or step in (tcfg.num_steps, stable_end) or stopping
             if log_now or save_now:
                 skipped += count_nonfinite(unchecked, tcfg.on_nonfinite, self.checkpointer.last_finite_step)
                 unchecked = []

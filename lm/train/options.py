@@ -4,9 +4,12 @@ with its description (lm/layers/options.py `declare`), which `lm train --print_c
 
 import ml_collections
 
-from lm.layers.options import SHARE_BELOW_ONE, above, at_least, declare, option
+from lm.layers.options import SHARE_BELOW_ONE, Range, above, at_least, declare, option
 
 NONFINITE_POLICIES = ("stop", "skip")  # train.on_nonfinite: end the run, or skip the update and go on
+OPTIMIZERS = ("adamw", "muon", "adafactor", "lion", "sgd")  # optimizer.name (lm/train/optim.py update_rule)
+SCHEDULES = ("cosine", "wsd", "linear", "constant")  # optimizer.schedule (lm/train/optim.py learning_rate_schedule)
+DECAY_SHAPES = ("linear", "cosine", "1-sqrt")  # optimizer.decay_shape: how WSD's decay falls
 DERIVED = -1  # optimizer.warmup_steps / decay_steps: derived from the run (lm/train/optim.py resolve_schedule)
 ALL_LEFT = at_least(1, -1)  # a mesh axis: a number of devices, or -1: all that the other axes leave
 
@@ -39,12 +42,19 @@ def run_options(experiment: str, **overrides) -> ml_collections.ConfigDict:
 
 
 def optimizer_options(**overrides) -> ml_collections.ConfigDict:
-    """AdamW with global-norm clipping; linear warmup, then cosine decay to min_learning_rate."""
+    """An optimizer by name (AdamW by default) after global-norm clipping; a linear warmup, then a schedule by
+    name (cosine decay to min_learning_rate by default)."""
     options = declare(
         ml_collections.ConfigDict(),
+        name=option("adamw", "the update rule (lm/train/optim.py): adamw; muon (Muon on the blocks' matrices, "
+                             "AdamW on the rest); adafactor (factored second moments); lion; sgd (Nesterov "
+                             "momentum)", choices=OPTIMIZERS),
+        schedule=option("cosine", "the learning rate after the warmup: cosine or linear decay to min_learning_rate "
+                                  "at decay_steps; constant; wsd: constant (stable), then its last decay_fraction "
+                                  "decays (decay_shape)", choices=SCHEDULES),
         learning_rate=option(1e-3, "the peak learning rate, reached at the end of warmup",
                              bounds=at_least(0)),
-        min_learning_rate=option(1e-5, "the learning rate the cosine decay ends at (decay_steps), then held",
+        min_learning_rate=option(1e-5, "the learning rate the decay ends at (decay_steps), then held",
                                  bounds=at_least(0)),
         # The schedule's lengths: a resumed run keeps the lengths its config.json records;
         # lm/train/optim.py resolve_schedule fills them in, and config.json holds the resolved values.
@@ -52,12 +62,25 @@ def optimizer_options(**overrides) -> ml_collections.ConfigDict:
                             bounds=at_least(0, DERIVED)),
         warmup_fraction=option(0.05, f"the warmup's share of decay_steps where warmup_steps is {DERIVED}",
                                bounds=SHARE_BELOW_ONE),
-        decay_steps=option(DERIVED, f"steps until the decay reaches min_learning_rate; {DERIVED}: train.num_steps",
-                           bounds=at_least(1, DERIVED)),
-        b1=option(0.9, "Adam's decay rate of the gradients' moving average", bounds=SHARE_BELOW_ONE),
-        b2=option(0.999, "Adam's decay rate of the squared gradients' moving average",
+        decay_steps=option(DERIVED, f"steps until the decay reaches min_learning_rate; {DERIVED}: train.num_steps "
+                                    "(wsd: always the current one, so that a run given more steps decays at its "
+                                    "new end)", bounds=at_least(1, DERIVED)),
+        decay_fraction=option(0.2, "wsd: the decay's share of decay_steps, at its end (the stable phase before it)",
+                              bounds=Range(0, 1, low_open=True)),
+        decay_shape=option("linear", "wsd: how the decay falls to min_learning_rate: linearly, along a half cosine, "
+                                     "or 1-sqrt (fast at first)", choices=DECAY_SHAPES),
+        b1=option(0.9, "Adam's (and Lion's) decay rate of the gradients' moving average", bounds=SHARE_BELOW_ONE),
+        b2=option(0.999, "Adam's decay rate of the squared gradients' moving average (Lion's of its momentum)",
                   bounds=SHARE_BELOW_ONE),
-        weight_decay=option(0.0, "decoupled weight decay (AdamW), on matrices only", bounds=at_least(0)),
+        weight_decay=option(0.0, "decoupled weight decay (times the learning rate, as AdamW's), on matrices and "
+                                 "embeddings only, for every optimizer", bounds=at_least(0)),
+        momentum=option(0.9, "sgd: the Nesterov momentum's decay rate", bounds=SHARE_BELOW_ONE),
+        muon_learning_rate=option(0.02, "muon: the peak learning rate of the matrices Muon updates (the rest: "
+                                        "learning_rate), on the same schedule", bounds=at_least(0)),
+        muon_momentum=option(0.95, "muon: the decay rate of its Nesterov momentum", bounds=SHARE_BELOW_ONE),
+        muon_params=option(r"block_\d+/.*kernel$", "muon: a regular expression (re.search) on the '/'-joined "
+                                                   "parameter paths; the matrices it matches go to Muon, the "
+                                                   "rest (embeddings, head, norms, biases) to AdamW"),
         grad_clip_norm=option(1.0, "the global norm that larger gradients are scaled down to",
                               bounds=above(0)),
     )
