@@ -37,9 +37,10 @@ from lm.train.compiled import CompiledPerShape, compile_in_parallel
 from lm.train.evaluate import Evaluations
 from lm.train.flops import peak_flops_per_device
 from lm.train.lock import workdir_lock
-from lm.train.metrics import MetricWriter, drop_logs, mean_metrics, truncate_log
+from lm.train.metrics import MetricWriter, device_memory, drop_logs, mean_metrics, memory_text, truncate_log
 from lm.train.optim import decay_start, resolve_schedule, wsd_resume_limit
 from lm.train.prefetch import DevicePrefetcher
+from lm.train.profile import PROFILE_DIR, ProfileWindow, profile_window
 from lm.train.setup import MakeExperiment, Setup, build, checkpoint_directory, prepared_directory
 
 
@@ -265,9 +266,11 @@ def _train_locked(setup: Setup, workdir: pathlib.Path) -> dict[str, float]:
                 lambda b: jax.block_until_ready(sharding.assemble_batch(b, setup.mesh, tcfg.batch_size)),
                 tcfg.prefetch,
             )
-            with StopSignal(tcfg.log_every) as stop, batches:
+            profile = ProfileWindow(profile_window(tcfg.profile, tcfg.num_steps),
+                                    workdir / PROFILE_DIR / f"process_{jax.process_index()}", start_step)
+            with StopSignal(tcfg.log_every) as stop, batches, profile:
                 trainer = Trainer(setup, state_shardings, checkpointer, writer, workdir)
-                summary = trainer.run(state, batches, start_step, stop)
+                summary = trainer.run(state, batches, start_step, stop, profile)
         except BaseException:
             with contextlib.suppress(OSError):  # the error in the block is the one to report
                 writer.close()
@@ -319,10 +322,11 @@ class Trainer:
             + [(self.evaluations.eval_step, state.params, abstract(b)) for b in self.evaluations.eval_batches]
         )
 
-    def run(self, state, batches, start_step: int, stop: StopSignal) -> dict[str, float]:
+    def run(self, state, batches, start_step: int, stop: StopSignal, profile: ProfileWindow) -> dict[str, float]:
         """Trains from start_step to train.num_steps (or a stop signal) on batches, the global training
-        batches from start_step on, already on the devices; then (unless stopped) the experiment's
-        texts and final results."""
+        batches from start_step on, already on the devices, tracing profile's window; then (unless stopped)
+        the experiment's texts and final results. The logged metrics hold the device memory where the
+        backend reports it (lm.train.metrics.device_memory)."""
         tcfg, experiment = self.tcfg, self.setup.experiment
         num_params, _ = parameter_counts(state.params)
         active_params = experiment.active_params(state.params)
@@ -354,12 +358,15 @@ class Trainer:
             stop_at = stable_end if stable_end is not None and step < stable_end < tcfg.num_steps else tcfg.num_steps
             count = steps_until_boundary(step, tcfg.steps_per_dispatch, stop_at, boundaries)
             batch_group = tuple(next(batches) for _ in range(count))
+            interval_start += profile.before(step, count, state)  # (the profiler's own time is not training time)
             compile_seconds = self.train_step.seconds
-            state, metrics = self.train_step(state, batch_group)
+            with jax.profiler.StepTraceAnnotation("train", step_num=step):
+                state, metrics = self.train_step(state, batch_group)
             interval_start += self.train_step.seconds - compile_seconds  # compiling is not training time
             pending.append(metrics)
             unchecked.append((step + 1, metrics["nonfinite"]))
             step += count
+            interval_start += profile.after(step, (state, metrics))
             interval_steps += count
             stopping = stop.stop_after(step)
             log_now = step % tcfg.log_every == 0 or step == tcfg.num_steps
@@ -377,13 +384,14 @@ class Trainer:
                     steps_per_second=1 / step_time,
                     **{f"{experiment.unit}_per_second": units_per_step / step_time},
                     **({"mfu": flops_per_step / step_time / peak} if peak else {}),
+                    **device_memory(mesh.local_devices),
                 )
                 if log_now:
                     self.writer.write_scalars(step, scalars)
                 mfu = f"MFU {scalars['mfu']:.1%} | " if peak else ""
                 print(
                     f"step {step:>6} | loss {scalars['loss']:.4f} | lr {scalars['learning_rate']:.2e} | "
-                    f"{units_per_step / step_time:,.0f} {experiment.unit}/s | {mfu}"
+                    f"{units_per_step / step_time:,.0f} {experiment.unit}/s | {mfu}{memory_text(scalars)}"
                     f"ETA {format_duration((tcfg.num_steps - step) * step_time)}"
                 )
             if log_now:

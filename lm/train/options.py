@@ -122,6 +122,9 @@ def train_options(**overrides) -> ml_collections.ConfigDict:
         peak_flops=option(0.0, "peak FLOP/s per device, for MFU; 0 = a known accelerator's data sheet, else no MFU",
                           bounds=at_least(0)),
         wandb_project=option("", "a Weights & Biases project to log to ('' = no W&B logging)"),
+        profile=option("", "START:STOP traces the steps after step START up to step STOP (whole dispatches) with "
+                           "jax.profiler into <workdir>/profile/process_<i>, for TensorBoard and Perfetto "
+                           "(docs/performance.md); '' = no trace"),
     )
     options.update(overrides)
     return options
