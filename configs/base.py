@@ -311,7 +311,8 @@ def finetune(task: str) -> ml_collections.ConfigDict:
         ml_collections.ConfigDict(),
         vocab=option("", "a vocab.txt name or path; '' = the init_from run's tokenizer, else bert-base-uncased"),
         max_seq_len=option(sizes.max_seq_len, "every row padded (or cut) to this many tokens", bounds=at_least(1)),
-        max_train_examples=option(0, "the first so many training examples (0: all)", bounds=at_least(0)),
+        max_train_examples=option(0, "so many training examples, drawn at random with the run's seed (the same for "
+                                   "every arm of a seed; a larger draw holds a smaller; 0: all)", bounds=at_least(0)),
         max_eval_examples=option(0, "the first so many examples of each scored split (0: all)", bounds=at_least(0)),
         doc_stride=option(128, "SQuAD: pieces between the starts of a long context's windows", bounds=at_least(1)),
         max_query_length=option(64, "SQuAD: the question's pieces kept", bounds=at_least(1)),

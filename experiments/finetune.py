@@ -75,8 +75,8 @@ class Task:
 class SentenceClassification(Task):
     """[CLS] sentence [SEP] -> one of the source's LABELS, from the pooled output (SST-2)."""
 
-    def load(self, tokenizer, split: str, limit: int) -> Split:
-        return Split(self.source.encode(tokenizer, split, self.data.max_seq_len, limit))
+    def load(self, tokenizer, split: str, limit: int, seed: int | None) -> Split:
+        return Split(self.source.encode(tokenizer, split, self.data.max_seq_len, limit, seed))
 
     def head(self, name: str) -> nn.Module:
         return PooledClassifier(len(self.source.LABELS), name=name)
@@ -99,8 +99,8 @@ class SentenceClassification(Task):
 class Regression(Task):
     """[CLS] A [SEP] B [SEP] -> a score, from the pooled output (STS-B: similarity)."""
 
-    def load(self, tokenizer, split: str, limit: int) -> Split:
-        return Split(self.source.encode(tokenizer, split, self.data.max_seq_len, limit))
+    def load(self, tokenizer, split: str, limit: int, seed: int | None) -> Split:
+        return Split(self.source.encode(tokenizer, split, self.data.max_seq_len, limit, seed))
 
     def head(self, name: str) -> nn.Module:
         return RegressionHead(name=name)
@@ -122,8 +122,8 @@ class Regression(Task):
 class Tagging(Task):
     """A tag per word (one of the source's TAGS), predicted at its first piece (CoNLL-2003: entities)."""
 
-    def load(self, tokenizer, split: str, limit: int) -> Split:
-        sentences = self.source.load(split, limit)
+    def load(self, tokenizer, split: str, limit: int, seed: int | None) -> Split:
+        sentences = self.source.load(split, limit, seed)
         rows, word_starts = self.source.encode(tokenizer, sentences, self.data.max_seq_len)
         return Split(rows, (sentences, word_starts))
 
@@ -156,8 +156,8 @@ class Tagging(Task):
 class SpanExtraction(Task):
     """The answer's first and last pieces in a question's context windows (SQuAD v1.1)."""
 
-    def load(self, tokenizer, split: str, limit: int) -> Split:
-        questions = self.source.load(split, limit)
+    def load(self, tokenizer, split: str, limit: int, seed: int | None) -> Split:
+        questions = self.source.load(split, limit, seed)
         d = self.data
         windows = self.source.encode(tokenizer, questions, d.max_seq_len, d.doc_stride, d.max_query_length)
         return Split(windows.rows, (questions, windows))
@@ -341,18 +341,20 @@ def build(config: ml_collections.ConfigDict, workdir: pathlib.Path | None = None
         check_count(config.data, key, "examples")
     check_init_from(config)
     tokenizer = find_tokenizer(config)
-    key = run_cache.digest(config.task, config.data, run_cache.saved_digest(tokenizer.save))
+    key = run_cache.digest(config.task, config.data, config.seed, run_cache.saved_digest(tokenizer.save))
     cache = run_cache.DataCache(workdir)
     return FineTune(config, tokenizer, cache.get("splits", key, lambda: load_splits(config, tokenizer)), cache)
 
 
 def load_splits(config: ml_collections.ConfigDict, tokenizer: WordPieceTokenizer) -> dict[str, Split]:
-    """Every split of the task, encoded (data.max_train_examples and data.max_eval_examples keep the first so
-    many; 0: all), its rows marked valid."""
+    """Every split of the task, encoded, its rows marked valid: data.max_train_examples training examples drawn
+    at random with config.seed (so every arm of a seed trains on the same ones; lm/data/tasks/common.py choose),
+    the first data.max_eval_examples of each scored split (0: all)."""
     task, splits = make_task(config), {}
     for split in task.splits:
-        limit = config.data.max_train_examples if split == "train" else config.data.max_eval_examples
-        loaded = task.load(tokenizer, split, limit)
+        train = split == "train"
+        limit = config.data.max_train_examples if train else config.data.max_eval_examples
+        loaded = task.load(tokenizer, split, limit, config.seed if train else None)
         loaded.rows["valid"] = np.ones(len(loaded.rows["tokens"]), np.int32)
         splits[split] = loaded
     return splits

@@ -77,10 +77,10 @@ def save_confusion_matrix(path: str | pathlib.Path, matrix: np.ndarray, class_na
 
 
 def save_loss_curves(path: str | pathlib.Path, curves: Mapping[str, tuple[np.ndarray, ...]], ylabel: str,
-                     title: str = "") -> tuple[int, int]:
+                     title: str = "", xlabel: str = "step", log_x: bool = False) -> tuple[int, int]:
     """Writes a PNG of loss curves to path: one colour per entry of curves, each (steps, mean, low, high)
-    arrays of equal length drawn as the mean line over a shaded low-high band (e.g. min-max over seeds).
-    Returns the image's (width, height) in pixels."""
+    arrays of equal length drawn as the mean line over a shaded low-high band (e.g. min-max over seeds); the
+    x axis named xlabel, logarithmic with log_x. Returns the image's (width, height) in pixels."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -92,7 +92,9 @@ def save_loss_curves(path: str | pathlib.Path, curves: Mapping[str, tuple[np.nda
     for colour, (label, (steps, mean, low, high)) in zip(colours, curves.items(), strict=True):
         ax.plot(steps, mean, color=colour, label=label, marker="." if len(steps) < 20 else None)
         ax.fill_between(steps, low, high, color=colour, alpha=0.2, linewidth=0)
-    ax.set_xlabel("step")
+    ax.set_xlabel(xlabel)
+    if log_x:
+        ax.set_xscale("log")
     ax.set_ylabel(ylabel)
     ax.set_title(title or ylabel)
     ax.grid(alpha=0.3)

@@ -106,6 +106,56 @@ def test_missing_file_and_bad_labels_are_one_line_errors(tmp_path, monkeypatch, 
         stsb.load("test")
 
 
+def test_training_examples_are_a_draw_of_the_runs_seed_nested_and_the_same_for_every_arm(tokenizer):
+    """data.max_train_examples draws its examples with config.seed (a learning curve's arms of a seed train on the
+    same ones, a larger count's draw holds a smaller's), labels with their sentences; eval splits keep their first."""
+    from configs import bert_finetune
+    from experiments.finetune import load_splits
+    from lm.data.tasks import sst2
+    from lm.data.tasks.common import choose
+
+    items = list(range(100))
+    assert choose(items, 10) == items[:10] and choose(items, 0) == choose(items, 100) == items
+    small, large = choose(items, 10, seed=1), choose(items, 40, seed=1)
+    assert small == sorted(small) and set(small) < set(large) and small != items[:10]
+    assert choose(items, 10, seed=1) == small != choose(items, 10, seed=2)
+    sentences, labels = sst2.load("train")
+    picked = choose(range(len(labels)), 250, seed=3)
+    drawn, drawn_labels = sst2.load("train", 250, seed=3)
+    assert drawn == [sentences[i] for i in picked] and drawn_labels.tolist() == labels[picked].tolist()
+    every = conll2003.load("train")
+    assert conll2003.load("train", 5, seed=3) == [every[i] for i in choose(range(len(every)), 5, seed=3)] != every[:5]
+
+    config = bert_finetune.get_config("sst2_tiny")  # 256 training examples, the first 64 of dev
+    config.seed = 3
+    splits = load_splits(config, tokenizer)
+    expected = sst2.encode(tokenizer, "train", config.data.max_seq_len, 256, seed=3)
+    np.testing.assert_array_equal(splits["train"].rows["tokens"], expected["tokens"])
+    np.testing.assert_array_equal(splits["dev"].rows["label"], sst2.load("dev", 64)[1])
+    config.init_from, config.optimizer.learning_rate = "runs/another_arm", 3e-4  # not read by the draw
+    np.testing.assert_array_equal(load_splits(config, tokenizer)["train"].rows["label"], splits["train"].rows["label"])
+
+
+def test_a_tasks_training_text_becomes_pretraining_documents_without_labels(tmp_path, data_dir):
+    """experiments/task_text.py: STS-B's pairs, both sentences, in order, as jsonl documents that data.source reads
+    back as one text a line (masked_lm.paragraphs)."""
+    from experiments.task_text import task_texts, write_documents
+    from lm.data.masked_lm import paragraphs
+    from lm.data.sources import Source
+    from lm.data.tasks import stsb
+
+    firsts, seconds, _ = stsb.load("train")
+    texts = task_texts("stsb")
+    assert texts[:4] == [firsts[0], seconds[0], firsts[1], seconds[1]] and len(texts) == 2 * len(firsts)
+    out = tmp_path / "text" / "stsb.jsonl"
+    assert write_documents(texts, out, 8) == -(-len(texts) // 8)
+    documents = [paragraphs(text) for _, text in Source(f"files:{out}")]
+    assert [text for document in documents for text in document] == [" ".join(text.split()) for text in texts]
+    assert {len(document) for document in documents[:-1]} == {8}
+    with pytest.raises(UserError, match=r"--sentences_per_document=0: give 1 or more"):
+        write_documents(texts, out, 0)
+
+
 @pytest.mark.slow
 def test_tiny_pretrain_then_fine_tune_through_the_trainer(tmp_path, data_dir, capsys):
     import jax

@@ -293,6 +293,30 @@ def test_results_json_scores_get_a_column_each(tmp_path):
                         "| 800 / 1,000 | 0/2 |")
 
 
+def test_a_final_score_against_a_numeric_config_key_is_a_curve_per_group(tmp_path):
+    """--against=data.max_train_examples (a learning curve): the table splits the groups by it, the plot draws each
+    group's final score (results.json) against it, mean and min-max over seeds; a key that is no number is refused."""
+    finals = {"pre": {250: [0.7, 0.8], 1000: [0.9, 0.9]}, "": {250: [0.5, 0.6], 1000: [0.8, 0.9]}}
+    for init_from, by_count in finals.items():
+        for count, scores in by_count.items():
+            for seed, score in enumerate(scores):
+                folder = tmp_path / "runs" / f"{init_from or 'scratch'}_{count}_{seed}"
+                write_run(folder, {"seed": seed, "init_from": init_from, "data": {"max_train_examples": count}},
+                          [1.0], [1.0])
+                (folder / "results.json").write_text(json.dumps({"step": 10, "dev_accuracy": score}))
+    out = tmp_path / "report"
+    stats = compare.compare(str(tmp_path / "runs"), out=str(out), plot=["dev_accuracy"],
+                            against="data.max_train_examples")
+    np.testing.assert_allclose(stats["init_from=pre,data.max_train_examples=250"]["results"]["dev_accuracy"],
+                               (0.75, np.std([0.7, 0.8], ddof=1)))
+    assert len(stats) == 4 and (out / "dev_accuracy_by_data.max_train_examples.png").stat().st_size > 0
+    groups = compare.group_runs(compare.find_runs(tmp_path / "runs"), ["init_from"])
+    counts, mean, low, high = compare.curve_against(groups["init_from=pre"], "dev_accuracy", "data.max_train_examples")
+    np.testing.assert_allclose(np.stack([counts, mean, low, high]), [[250, 1000], [0.75, 0.9], [0.7, 0.9], [0.8, 0.9]])
+    with pytest.raises(UserError, match=r"--against=init_from: the run .*pre_1000_0 has 'pre' there, not a number"):
+        compare.compare(str(tmp_path / "runs"), out=str(out), plot=["dev_accuracy"], against="init_from")
+
+
 def test_runs_from_several_directories_are_compared_together(synthetic_runs, tmp_path):
     """A second directory adds a group; a key its runs' configs lack reads as None."""
     extra = tmp_path / "extra"

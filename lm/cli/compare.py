@@ -1,7 +1,7 @@
 """Compare training runs side by side: a table over seeds, a Markdown report and loss-curve plots.
 
   lm compare runs/norm [more directories] [--group_by=model.norm_position] [--out=runs/norm]
-      [--spike=1.0] [--plot=eval_mlm_accuracy,eval_nsp_accuracy]
+      [--spike=1.0] [--plot=eval_mlm_accuracy,eval_nsp_accuracy] [--against=data.max_train_examples]
 
 Reads every run folder under the directories (any folder with config.json and metrics.jsonl written by
 lm train: sweep arms, or runs copied in from elsewhere). A key missing from a run's config (a run made
@@ -15,6 +15,11 @@ evals and checkpoints included),
 parameters (summary.json) and how many runs diverged. It writes report.md, train_loss.png and
 val_loss.png (mean curve over seeds with a min-max band) into --out (default: the directory), and
 <metric>.png for each other logged metric named by --plot (e.g. BERT's eval_mlm_accuracy).
+
+--against=KEY (a numeric config key, e.g. data.max_train_examples for a learning curve) splits the groups by
+KEY as well and draws, for each --plot metric, <metric>_by_<KEY>.png: the metric's final value (its
+results.json score, else its last logged value) against KEY, on a log axis, one line per group of the other
+keys: the mean over seeds with a min-max band.
 
 Divergence: a run diverged if a logged train loss or eval loss is NaN or infinite, or if a logged train
 loss (a mean over train.log_every steps) is more than --spike nats above the lowest train loss logged
@@ -54,6 +59,8 @@ _GROUP_BY = flags.DEFINE_list("group_by", None, "Config keys that name a group (
 _SPIKE = flags.DEFINE_float("spike", SPIKE_NATS, "A train loss this many nats above the running minimum "
                             "counts as divergence.")
 _PLOT = flags.DEFINE_list("plot", [], "More logged metrics (metrics.jsonl keys) to plot, one <metric>.png each.")
+_AGAINST = flags.DEFINE_string("against", None, "A numeric config key: plot each --plot metric's final value "
+                               "against it as well (<metric>_by_<key>.png), e.g. data.max_train_examples.")
 
 
 @dataclasses.dataclass
@@ -211,8 +218,42 @@ def mean_curve(runs: list[Run], key: str) -> tuple[np.ndarray, ...] | None:
     return np.array(steps), values.mean(0), values.min(0), values.max(0)
 
 
+def final_value(run: Run, key: str) -> float | None:
+    """A run's final value of a metric: its results.json score, else the last value it logged; None if neither."""
+    if key in run.results:
+        return run.results[key]
+    logged = [r[key] for r in run.records if key in r]
+    return logged[-1] if logged else None
+
+
+def curve_against(runs: list[Run], key: str, against: str) -> tuple[np.ndarray, ...] | None:
+    """(values of the config key `against`, mean, min, max) over the runs of each value of the metric `key`'s
+    final value (final_value), for the values some run has it at, in increasing order; None if none has it."""
+    finals: dict[float, list[float]] = {}
+    for run in runs:
+        value = final_value(run, key)
+        if value is not None:
+            finals.setdefault(float(run.config.get(against)), []).append(value)
+    if not finals:
+        return None
+    xs = sorted(finals)
+    return (np.array(xs), *(np.array([reduce(finals[x]) for x in xs]) for reduce in (np.mean, np.min, np.max)))
+
+
+def save_against_plots(out: pathlib.Path, runs: list[Run], keys: list[str], against: str, plot: list[str]) -> None:
+    """<metric>_by_<against>.png for each metric in plot: a line per group of runs by keys (curve_against)."""
+    from lm.plots import save_loss_curves
+
+    groups = group_runs(runs, keys)
+    for key in plot:
+        curves = {label: curve_against(group, key, against) for label, group in groups.items()}
+        save_loss_curves(out / f"{key}_by_{against}.png", {label: c for label, c in curves.items() if c is not None},
+                         key, title=f"final {key} against {against} (mean over seeds; band: min to max)",
+                         xlabel=against, log_x=True)
+
+
 def write_report(roots: list[pathlib.Path], out: pathlib.Path, groups: dict[str, list[Run]],
-                 stats: dict[str, dict], spike: float, plot: list[str] = ()) -> None:
+                 stats: dict[str, dict], spike: float, plot: list[str] = (), against: str | None = None) -> None:
     from lm.plots import save_loss_curves
 
     out.mkdir(parents=True, exist_ok=True)
@@ -225,7 +266,9 @@ def write_report(roots: list[pathlib.Path], out: pathlib.Path, groups: dict[str,
              f"Diverged: a NaN/inf loss, or a logged train loss more than {spike:g} nat above the lowest "
              "logged before it. Plots: mean over seeds, band from min to max.", "",
              "![train loss](train_loss.png)", "", "![val loss](val_loss.png)", "",
-             *(line for key in plot for line in (f"![{key}]({key}.png)", "")), "## Runs", ""]
+             *(line for key in plot for line in (f"![{key}]({key}.png)", "")),
+             *(line for key in (plot if against else ()) for line in (f"![{key}]({key}_by_{against}.png)", "")),
+             "## Runs", ""]
     for label, runs in groups.items():
         lines.append(f"- {label}: " + ", ".join(f"`{run.path.absolute().relative_to(base)}`" for run in runs))
         lines += [f"  - diverged: `{name}`: {why}" for name, why in stats[label]["diverged"].items()]
@@ -239,25 +282,43 @@ def write_report(roots: list[pathlib.Path], out: pathlib.Path, groups: dict[str,
 
 
 def compare(roots: str | list[str], out: str | None = None, group_by: list[str] | None = None,
-            spike: float = SPIKE_NATS, plot: list[str] = ()) -> dict[str, dict]:
+            spike: float = SPIKE_NATS, plot: list[str] = (), against: str | None = None) -> dict[str, dict]:
     """Reads the runs under the root directories, prints the table and writes the report (into out,
-    default the first root), with a plot of each metric in `plot` too; returns {group: stats}."""
+    default the first root), with a plot of each metric in `plot` too (and against the config key `against`,
+    save_against_plots); returns {group: stats}."""
     root_paths = [pathlib.Path(root) for root in ([roots] if isinstance(roots, str) else roots)]
-    groups = group_runs([run for root in root_paths for run in find_runs(root)], group_by)
-    unlogged = [key for key in plot if not any(key in r for runs in groups.values() for run in runs
-                                               for r in run.records)]
+    runs = [run for root in root_paths for run in find_runs(root)]
+    keys = group_keys(runs) if group_by is None else list(group_by)
+    if against:
+        check_against(runs, against)
+        keys = [key for key in keys if key != against]
+    groups = group_runs(runs, [*keys, against] if against else keys)
+    unlogged = [key for key in plot if not any(key in r for run in runs for r in run.records)
+                and not (against and any(key in run.results for run in runs))]
     if unlogged:
         raise UserError(f"--plot: no run logged {', '.join(unlogged)} (see the keys in a run's metrics.jsonl)")
     stats = {label: group_stats(runs, spike) for label, runs in groups.items()}
     print(table(stats))
-    write_report(root_paths, pathlib.Path(out) if out else root_paths[0], groups, stats, spike, plot)
+    out_path = pathlib.Path(out) if out else root_paths[0]
+    write_report(root_paths, out_path, groups, stats, spike, plot, against)
+    if against:
+        save_against_plots(out_path, runs, keys, against, plot)
     return stats
+
+
+def check_against(runs: list[Run], against: str) -> None:
+    """--against must name a config key that every run has as a number (UserError naming the first that has not)."""
+    for run in runs:
+        value = run.config.get(against)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise UserError(f"--against={against}: the run {run.path} has {value!r} there, not a number; name a "
+                            "numeric config key, e.g. data.max_train_examples")
 
 
 def main(argv: list[str]) -> None:
     if len(argv) < 2:
         fail("pass one or more directories of runs: lm compare runs/norm")
-    run_user_errors(lambda: compare(argv[1:], _OUT.value, _GROUP_BY.value, _SPIKE.value, _PLOT.value))
+    run_user_errors(lambda: compare(argv[1:], _OUT.value, _GROUP_BY.value, _SPIKE.value, _PLOT.value, _AGAINST.value))
 
 
 def run() -> None:

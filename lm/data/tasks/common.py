@@ -12,6 +12,7 @@ data.max_seq_len for every split, so the train and eval steps compile once.
 import gzip
 import pathlib
 from collections.abc import Sequence
+from typing import TypeVar
 
 import grain
 import numpy as np
@@ -21,6 +22,7 @@ from lm.data.wordpiece import WordPieceTokenizer
 from lm.errors import UserError
 
 Rows = dict[str, np.ndarray]
+T = TypeVar("T")
 
 
 def read_lines(relative_path: str) -> tuple[pathlib.Path, list[str]]:
@@ -30,6 +32,18 @@ def read_lines(relative_path: str) -> tuple[pathlib.Path, list[str]]:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as f:
         return path, f.read().splitlines()
+
+
+def choose(items: Sequence[T], limit: int, seed: int | None = None) -> list[T]:
+    """The first `limit` items (0: all), or with a seed `limit` of them drawn at random (the first `limit` of a
+    permutation by numpy's default_rng(seed)), kept in their order: one seed draws the same examples in every
+    run, and a larger draw holds every smaller one of that seed (a learning curve's subsets are nested)."""
+    if not limit or limit >= len(items):
+        return list(items)
+    if seed is None:
+        return list(items[:limit])
+    picked = np.sort(np.random.default_rng(seed).permutation(len(items))[:limit])
+    return [items[i] for i in picked]
 
 
 def label_error(path: pathlib.Path, line: int, value: str, allowed: str) -> UserError:

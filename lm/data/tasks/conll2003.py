@@ -13,7 +13,7 @@ import dataclasses
 
 import numpy as np
 
-from lm.data.tasks.common import Rows, label_error, pad_rows, read_lines
+from lm.data.tasks.common import Rows, choose, label_error, pad_rows, read_lines
 from lm.data.wordpiece import WordPieceTokenizer
 
 FILES = {"train": "conll2003/train.txt.gz", "valid": "conll2003/valid.txt", "test": "conll2003/test.txt"}
@@ -27,9 +27,9 @@ class Sentence:
     tags: tuple[str, ...]
 
 
-def load(split: str, limit: int = 0) -> list[Sentence]:
-    """The sentences of a split (its first `limit`; 0: all; documents' -DOCSTART- lines left out); a tag
-    outside TAGS is a UserError."""
+def load(split: str, limit: int = 0, seed: int | None = None) -> list[Sentence]:
+    """The sentences of a split (`limit` of them, common.choose: the first, or drawn with a seed; 0: all;
+    documents' -DOCSTART- lines left out); a tag outside TAGS is a UserError."""
     path, lines = read_lines(FILES[split])
     sentences, words, tags = [], [], []
     for number, line in enumerate([*lines, ""], start=1):
@@ -42,9 +42,9 @@ def load(split: str, limit: int = 0) -> list[Sentence]:
         elif words:
             sentences.append(Sentence(tuple(words), tuple(tags)))
             words, tags = [], []
-            if len(sentences) == limit:
+            if seed is None and len(sentences) == limit:
                 break
-    return sentences
+    return choose(sentences, limit, seed)
 
 
 def first_pieces(tokenizer: WordPieceTokenizer, words: tuple[str, ...], length: int) -> tuple[list[int], list[int]]:

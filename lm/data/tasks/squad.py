@@ -17,7 +17,7 @@ import json
 
 import numpy as np
 
-from lm.data.tasks.common import Rows, pad_rows, read_lines
+from lm.data.tasks.common import Rows, choose, pad_rows, read_lines
 from lm.data.wordpiece import WordPieceTokenizer
 from lm.errors import UserError
 from lm.task_metrics import best_span
@@ -34,9 +34,9 @@ class Question:
     answer_starts: tuple[int, ...]  # their character offsets in context
 
 
-def load(split: str, limit: int = 0) -> list[Question]:
-    """The questions of a split in file order (the first `limit`; 0: all); an answer
-    that is not the text at its offset in the context is a UserError."""
+def load(split: str, limit: int = 0, seed: int | None = None) -> list[Question]:
+    """The questions of a split in file order (`limit` of them, common.choose: the first, or drawn with a seed;
+    0: all); an answer that is not the text at its offset in the context is a UserError."""
     path, lines = read_lines(FILES[split])
     questions = []
     for article in json.loads("\n".join(lines))["data"]:
@@ -53,9 +53,9 @@ def load(split: str, limit: int = 0) -> list[Question]:
                     raise UserError(f"{path}: question {qa['id']} has no answer (SQuAD v1.1 questions all have "
                                     "one); remove it")
                 questions.append(Question(qa["id"], qa["question"], context, answers, starts))
-                if len(questions) == limit:
+                if seed is None and len(questions) == limit:
                     return questions
-    return questions
+    return choose(questions, limit, seed)
 
 
 @dataclasses.dataclass

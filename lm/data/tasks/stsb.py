@@ -8,7 +8,7 @@ score sentence1 sentence2 [source license]`), row for row the same pairs.
 
 import numpy as np
 
-from lm.data.tasks.common import Rows, encode_sentences, label_error, read_lines
+from lm.data.tasks.common import Rows, choose, encode_sentences, label_error, read_lines
 from lm.data.wordpiece import WordPieceTokenizer
 
 FILES = {"train": "stsb/train.tsv", "dev": "stsb/dev.tsv", "test": "stsb/original/sts-test.tsv"}
@@ -25,14 +25,14 @@ def parse_score(text: str, path, number: int) -> float:
     return score
 
 
-def load(split: str, limit: int = 0) -> tuple[list[str], list[str], np.ndarray]:
-    """(first sentences, second sentences, scores (N,) float32) of a split (its first `limit`; 0: all); a
-    score outside [0, 5] is a UserError."""
+def load(split: str, limit: int = 0, seed: int | None = None) -> tuple[list[str], list[str], np.ndarray]:
+    """(first sentences, second sentences, scores (N,) float32) of a split (`limit` of them, common.choose: the
+    first, or drawn with a seed; 0: all); a score outside [0, 5] is a UserError."""
     path, lines = read_lines(FILES[split])
     firsts, seconds, scores = [], [], []
     original = split == "test"
     header = 0 if original else 1
-    for number, line in enumerate(lines[header : header + limit if limit else None], start=header + 1):
+    for number, line in choose(list(enumerate(lines[header:], start=header + 1)), limit, seed):
         fields = line.split("\t")
         score, first, second = (fields[4], fields[5], fields[6]) if original else (fields[9], fields[7], fields[8])
         firsts.append(first.strip())
@@ -41,7 +41,7 @@ def load(split: str, limit: int = 0) -> tuple[list[str], list[str], np.ndarray]:
     return firsts, seconds, np.asarray(scores, np.float32)
 
 
-def encode(tokenizer: WordPieceTokenizer, split: str, length: int, limit: int = 0) -> Rows:
-    """Rows [CLS] first [SEP] second [SEP] with `score` (N,) float32."""
-    firsts, seconds, scores = load(split, limit)
+def encode(tokenizer: WordPieceTokenizer, split: str, length: int, limit: int = 0, seed: int | None = None) -> Rows:
+    """Rows [CLS] first [SEP] second [SEP] with `score` (N,) float32 (of load(split, limit, seed))."""
+    firsts, seconds, scores = load(split, limit, seed)
     return {**encode_sentences(tokenizer, firsts, seconds, length), "score": scores}
