@@ -269,7 +269,8 @@ def masked_lm(size: str) -> ml_collections.ConfigDict:
         max_documents=option(0, "per corpus file (or of source), the first so many documents (0: all)",
                              bounds=at_least(0)),
         eval_documents=option(6, "documents held out for eval, drawn with seed 0 from all of them", bounds=at_least(1)),
-        vocab=option("bert-base-uncased", "a vocab.txt name or path; '' trains one of vocab_size pieces"),
+        vocab=option("bert-base-uncased", "a vocab.txt name or path, or a run's tokenizer folder (RUN/tokenizer); "
+                                          "'' trains one of vocab_size pieces"),
         vocab_size=option(0, "WordPiece pieces to train when vocab is ''", bounds=at_least(0)),
         max_seq_len=option(128, "[CLS] A [SEP] B [SEP], padded to this many tokens", bounds=at_least(1)),
         short_seq_prob=option(0.1, "the share of pairs shorter than max_seq_len, drawn at random (as BERT's data)",
@@ -309,7 +310,8 @@ def finetune(task: str) -> ml_collections.ConfigDict:
 
     config.data = declare(
         ml_collections.ConfigDict(),
-        vocab=option("", "a vocab.txt name or path; '' = the init_from run's tokenizer, else bert-base-uncased"),
+        vocab=option("", "a vocab.txt name or path, or a run's tokenizer folder; '' = the init_from run's "
+                         "tokenizer, else bert-base-uncased"),
         max_seq_len=option(sizes.max_seq_len, "every row padded (or cut) to this many tokens", bounds=at_least(1)),
         max_train_examples=option(0, "so many training examples, drawn at random with the run's seed (the same for "
                                    "every arm of a seed; a larger draw holds a smaller; 0: all)", bounds=at_least(0)),

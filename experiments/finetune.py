@@ -257,9 +257,7 @@ def find_tokenizer(config: ml_collections.ConfigDict) -> WordPieceTokenizer:
             raise UserError(f"init_from={init_from} has no saved tokenizer ({TOKENIZER_DIR}/{TOKENIZER_FILE} in it "
                             "or above it): name the pretraining vocabulary with --config.data.vocab")
         return pretrained or WordPieceTokenizer.from_vocab(DEFAULT_VOCAB)
-    folder = pathlib.Path(vocab).expanduser()
-    tokenizer = (WordPieceTokenizer.load(folder) if (folder / TOKENIZER_FILE).is_file()
-                 else WordPieceTokenizer.from_vocab(vocab))
+    tokenizer = WordPieceTokenizer.named(vocab)
     if pretrained is not None and tokenizer.tokenizer.get_vocab() != pretrained.tokenizer.get_vocab():
         raise UserError(f"data.vocab={vocab!r} ({tokenizer.vocab_size} pieces) is not the vocabulary the init_from "
                         f"run was pretrained with ({pretrained.source}, {pretrained.vocab_size} pieces): leave "

@@ -3,8 +3,9 @@
 Loss = masked-LM cross-entropy (the mean over the real masked positions) + next-sentence cross-entropy
 (the mean over the pairs) [+ the mixture-of-experts auxiliary losses]. Logged: mlm_loss, mlm_accuracy,
 nsp_loss, nsp_accuracy, for training and for the fixed batches of the held-out documents (eval_*).
-The tokenizer is bert-base-uncased's vocabulary (data.vocab) or trained on the training documents
-(data.vocab="", data.vocab_size); either way it is saved in the run folder (tokenizer/tokenizer.json).
+The tokenizer is bert-base-uncased's vocabulary (data.vocab), another run's (data.vocab=RUN/tokenizer: to go
+on pretraining that run with init_from=RUN on other text) or trained on the training documents (data.vocab="",
+data.vocab_size); either way it is saved in the run folder (tokenizer/tokenizer.json).
 """
 
 import functools
@@ -153,7 +154,7 @@ def fit_tokenizer(data: ml_collections.ConfigDict, documents: Callable[[], tuple
     """data.vocab's vocabulary, or one of data.vocab_size pieces trained on the training documents
     (documents() gives them, with the held-out ones: split_documents, called only to train)."""
     if data.vocab:
-        return WordPieceTokenizer.from_vocab(data.vocab)
+        return WordPieceTokenizer.named(data.vocab)
     return WordPieceTokenizer.train([p for doc in documents()[0] for p in doc], data.vocab_size)
 
 

@@ -42,6 +42,8 @@ def test_bert_uncased_wordpiece(bert_vocab, tmp_path):
     assert bert_vocab.encode_batch(["hello", "world"]) == [[7592], [2088]]
     bert_vocab.save(tmp_path)
     assert WordPieceTokenizer.load(tmp_path).encode(text) == ids
+    assert WordPieceTokenizer.named(str(tmp_path)).source == str(tmp_path / "tokenizer.json")  # a run's tokenizer/
+    assert WordPieceTokenizer.named("bert-base-uncased").encode(text) == ids  # else a vocab.txt
 
 
 def test_trained_wordpiece_and_vocabulary_checks(tmp_path):

@@ -78,6 +78,13 @@ class WordPieceTokenizer:
         return cls(bert_pipeline(models.WordPiece.from_file(str(path), unk_token=UNK)), str(path))
 
     @classmethod
+    def named(cls, vocab: str) -> "WordPieceTokenizer":
+        """A folder holding a tokenizer.json (a run's tokenizer/, which save writes): that tokenizer; else a
+        vocab.txt name or path (from_vocab)."""
+        folder = pathlib.Path(vocab).expanduser()
+        return cls.load(folder) if (folder / TOKENIZER_FILE).is_file() else cls.from_vocab(vocab)
+
+    @classmethod
     def train(cls, texts_or_files: Iterable[str] | Sequence[pathlib.Path], vocab_size: int) -> "WordPieceTokenizer":
         """A vocabulary of at most vocab_size pieces learnt from texts (strings) or plain-text files
         (pathlib.Path), the specials first (ids 0-4 in SPECIAL_TOKENS' order), then every character that
