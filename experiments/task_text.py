@@ -1,15 +1,17 @@
 """A fine-tuning task's training text without its labels, as jsonl documents that masked-LM pretraining reads
 (configs/bert.py with --config.data.source=files:OUT): in-domain pretraining (docs/bert.md#in-domain-pretraining).
 
-  python -m experiments.task_text --task=sst2 --out=runs/text/sst2.jsonl [--sentences_per_document=8]
+  python -m experiments.task_text --task=sst2 --out=runs/text/sst2.jsonl [--sentences_per_document=64]
   lm train --config=configs/bert.py:tiny --workdir=runs/bert_tiny_sst2 \
-      --config.data.source=files:runs/text/sst2.jsonl --config.data.max_documents=0 --config.data.eval_documents=64
+      --config.data.source=files:runs/text/sst2.jsonl --config.data.max_documents=0 --config.data.eval_documents=6
 
 The texts of the task's training split, in file order: SST-2 its sentences (67,349), STS-B both sentences of
 each pair (11,498), CoNLL-2003 each sentence's words joined by spaces (14,041), SQuAD each context once and
 then every question. Each jsonl line is one document, {"text": ...}, of --sentences_per_document consecutive
 texts, one a line (a document's paragraphs, as data.source reads them), so next-sentence prediction's "B
 follows A" means "B comes next in the task's file" (SST-2's file is shuffled: there it carries no meaning).
+64 a document make documents large enough that a few held out (data.eval_documents) give the eval batches
+their pairs.
 No label is written. The labelled dev and test splits are never read.
 """
 
@@ -24,7 +26,7 @@ from lm.errors import UserError, run_user_errors
 
 _TASK = flags.DEFINE_enum("task", None, list(TASKS), "The task whose training text to write.")
 _OUT = define_string_once("out", "The jsonl file to write (its folder is made).")
-_SENTENCES = flags.DEFINE_integer("sentences_per_document", 8, "Texts per document (jsonl line).")
+_SENTENCES = flags.DEFINE_integer("sentences_per_document", 64, "Texts per document (jsonl line).")
 
 
 def task_texts(task: str) -> list[str]:

@@ -1,0 +1,18 @@
+"""The SST-2 learning curve on the CPU (experiments/sweeps/bert_curve.py): the tiny encoder pretrained on SST-2's own
+sentences with its own vocabulary (IN_DOMAIN) against the same encoder from scratch with that vocabulary, each at its
+best learning rate of bert_sst2_curve_cpu_lr.py, on 250, 1000, 4000 and all 67,349 labelled sentences (drawn with the
+seed: both arms of a seed see the same ones), 3 seeds; docs/bert.md#learning-curves-and-in-domain-pretraining.
+
+  lm sweep --sweep_file=experiments/sweeps/bert_sst2_curve_cpu.py --workdir=runs/bert_sst2_curve --parallel=2
+  lm compare runs/bert_sst2_curve --group_by=init_from --against=data.max_train_examples --plot=dev_accuracy
+"""
+
+from experiments.sweeps import bert_curve as curve
+
+CONFIG = "configs/bert_finetune.py:sst2_tiny"
+AXES = {
+    "init_from": [curve.IN_DOMAIN, curve.SCRATCH],
+    "data.max_train_examples": list(curve.LABELS),
+    "seed": list(curve.SEEDS),
+}
+OVERRIDES = {**curve.finetune(f"{curve.IN_DOMAIN}/tokenizer"), "optimizer.learning_rate": 1e-3}

@@ -1,0 +1,19 @@
+"""The learning-rate search of the SST-2 learning curve (experiments/sweeps/bert_curve.py): the tiny encoder
+pretrained on SST-2's own sentences (IN_DOMAIN) and from scratch with its vocabulary, 1000 labels, seed 0, each at
+3e-4, 1e-3 and 3e-3; bert_sst2_curve_cpu.py runs each arm's best over the label counts and seeds
+(docs/bert.md#learning-curves-and-in-domain-pretraining).
+
+  lm sweep --sweep_file=experiments/sweeps/bert_sst2_curve_cpu_lr.py --workdir=runs/bert_sst2_curve_lr --parallel=2
+  lm compare runs/bert_sst2_curve_lr --group_by=init_from,optimizer.learning_rate
+"""
+
+from experiments.sweeps import bert_curve as curve
+
+CONFIG = "configs/bert_finetune.py:sst2_tiny"
+AXES = {
+    "init_from": [curve.IN_DOMAIN, curve.SCRATCH],
+    "optimizer.learning_rate": list(curve.LEARNING_RATES),
+    "data.max_train_examples": [1000],
+    "seed": [0],
+}
+OVERRIDES = curve.finetune(f"{curve.IN_DOMAIN}/tokenizer")
