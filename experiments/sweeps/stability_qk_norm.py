@@ -5,7 +5,8 @@
       --group_by=optimizer.learning_rate,model.qk_norm,model.attention_softcap,train.z_loss \
       --plot=logsumexp,eval_cross_entropy --out=runs/stability
 
-At 1e-2 the baseline trains worse than at 3e-3, at 3e-2 it stalls near 3.0 nats, at 1e-1 it fails outright:
+At 1e-2 the baseline trains worse than at 3e-3, at 3e-2 it stalls near 3.0 nats, at 1e-1 it learns little more
+than character frequencies (3.28; stability_high_lr.py):
 does RMSNorm on each head's queries and keys (model.qk_norm) keep it training? 2 x 3 x 3 seeds = 18 runs of
 400 steps (warmup 20, cosine decay); stability_softcap.py and stability_z_loss.py are the other arms.
 """
