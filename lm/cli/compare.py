@@ -248,7 +248,7 @@ def save_against_plots(out: pathlib.Path, runs: list[Run], keys: list[str], agai
     for key in plot:
         curves = {label: curve_against(group, key, against) for label, group in groups.items()}
         save_loss_curves(out / f"{key}_by_{against}.png", {label: c for label, c in curves.items() if c is not None},
-                         key, title=f"final {key} against {against} (mean over seeds; band: min to max)",
+                         key, title=f"final {key} (mean over seeds; band: min to max)",
                          xlabel=against, log_x=True)
 
 
