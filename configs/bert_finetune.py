@@ -32,8 +32,9 @@ init_from run's (data.vocab=""), else bert-base-uncased (mini and up pretrain wi
   TASK_tiny  the tiny encoder (2 / 64 / 2, max 64 positions), 64-piece rows, 256 training examples (drawn
              with the seed) and the first 64 dev/test examples (SQuAD: questions), 10 steps: seconds, for tests.
              sst2_tiny with 250 to all 67,349 labels, pretrained four ways against scratch, 300 steps, 3 seeds
-             (experiments/sweeps/bert_sst2_curve_cpu*.py): docs/bert.md#learning-curves-and-in-domain-pretraining. Pretrain the tiny
-             encoder first (its own 1000-piece vocabulary, which the fine-tune then reads from the run):
+             (experiments/sweeps/bert_sst2_curve_cpu*.py): docs/bert.md#learning-curves-and-in-domain-pretraining.
+             Pretrain the tiny encoder first (its own 1000-piece vocabulary, which the fine-tune then reads from the
+             run):
              lm train --config=configs/bert.py:tiny --workdir=/tmp/bert_tiny
              lm train --config=configs/bert_finetune.py:sst2_tiny --workdir=/tmp/sst2_tiny \
                  --config.init_from=/tmp/bert_tiny

@@ -1,7 +1,8 @@
 """A fine-tuning task's training text without its labels, as jsonl documents that masked-LM pretraining reads
-(configs/bert.py with --config.data.source=files:OUT): in-domain pretraining (docs/bert.md#in-domain-pretraining).
+(configs/bert.py with --config.data.source=files:JSONL): in-domain pretraining
+(docs/bert.md#learning-curves-and-in-domain-pretraining).
 
-  python -m experiments.task_text --task=sst2 --out=runs/text/sst2.jsonl [--sentences_per_document=64]
+  python -m experiments.task_text --task=sst2 --jsonl=runs/text/sst2.jsonl [--sentences_per_document=64]
   lm train --config=configs/bert.py:tiny --workdir=runs/bert_tiny_sst2 \
       --config.data.source=files:runs/text/sst2.jsonl --config.data.max_documents=0 --config.data.eval_documents=6
 
@@ -20,12 +21,11 @@ import pathlib
 
 from absl import app, flags
 
-from lm.cli import define_string_once
 from lm.data.tasks import TASKS, conll2003, squad, sst2, stsb
 from lm.errors import UserError, run_user_errors
 
 _TASK = flags.DEFINE_enum("task", None, list(TASKS), "The task whose training text to write.")
-_OUT = define_string_once("out", "The jsonl file to write (its folder is made).")
+_JSONL = flags.DEFINE_string("jsonl", None, "The jsonl file to write (its folder is made).")
 _SENTENCES = flags.DEFINE_integer("sentences_per_document", 64, "Texts per document (jsonl line).")
 
 
@@ -60,12 +60,12 @@ def main(argv: list[str]) -> None:
     del argv
 
     def run() -> None:
-        if not _TASK.value or not _OUT.value:
-            raise UserError("pass --task (one of " + ", ".join(TASKS) + ") and --out=FILE.jsonl")
+        if not _TASK.value or not _JSONL.value:
+            raise UserError("pass --task (one of " + ", ".join(TASKS) + ") and --jsonl=FILE")
         texts = task_texts(_TASK.value)
-        count = write_documents(texts, pathlib.Path(_OUT.value), _SENTENCES.value)
-        print(f"wrote {len(texts):,} texts of {_TASK.value}'s training split as {count:,} documents to {_OUT.value}; "
-              f"pretrain on them with --config.data.source=files:{_OUT.value}")
+        count = write_documents(texts, pathlib.Path(_JSONL.value), _SENTENCES.value)
+        print(f"wrote {len(texts):,} texts of {_TASK.value}'s training split as {count:,} documents to {_JSONL.value}; "
+              f"pretrain on them with --config.data.source=files:{_JSONL.value}")
 
     run_user_errors(run)
 

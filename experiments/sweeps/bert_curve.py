@@ -5,7 +5,7 @@ counts and the seeds. Not a sweep file: the bert_sst2_curve_cpu*.py sweep files 
 The pretraining runs, one command each (PRETRAIN: 4000 steps of 32 pairs of 64 pieces, 8.2M positions; the
 vocabulary trained on the run's own text, 8000 pieces, unless said):
 
-  python -m experiments.task_text --task=sst2 --out=runs/text/sst2.jsonl        # SST-2's 67,349 sentences
+  python -m experiments.task_text --task=sst2 --jsonl=runs/text/sst2.jsonl        # SST-2's 67,349 sentences
   lm train --config=configs/bert.py:tiny --workdir=runs/bert_tiny_sst2 $PRETRAIN \\
       --config.data.source=files:runs/text/sst2.jsonl                           # IN_DOMAIN
   lm train --config=configs/bert.py:tiny --workdir=runs/bert_tiny_corpus $PRETRAIN \\
