@@ -18,9 +18,11 @@ vocabulary trained on the run's own text, 8000 pieces, unless said):
       --config.init_from=runs/bert_tiny_corpus/checkpoints/2000 \\
       --config.data.vocab=runs/bert_tiny_corpus/tokenizer --config.data.vocab_size=0   # AFTER: 2000 + 2000 steps
 
-with PRETRAIN = PRETRAIN_FLAGS below. The fine-tuning arms: each encoder, and from scratch with IN_DOMAIN's
-vocabulary (so that the pretrained and scratch arms differ by the weights alone), on LABELS training examples
-drawn with the seed (data.max_train_examples), FINETUNE's budget.
+with PRETRAIN = PRETRAIN_FLAGS below; STS-B's in-domain run (STSB_IN_DOMAIN) as IN_DOMAIN's, on the text of
+`python -m experiments.task_text --task=stsb --jsonl=runs/text/stsb.jsonl`. The fine-tuning arms: each encoder,
+and from scratch with the in-domain run's vocabulary (so that the pretrained and scratch arms differ by the weights
+alone), on LABELS (STS-B: STSB_LABELS) training examples drawn with the seed (data.max_train_examples), finetune()'s
+budget.
 """
 
 PRETRAIN_FLAGS = ("--config.train.num_steps=4000 --config.train.batch_size=32 --config.train.checkpoint_every=2000 "
@@ -31,7 +33,9 @@ GENERAL = "runs/bert_tiny_corpus"  # on the shared corpus (books and speeches), 
 BERT_VOCAB = "runs/bert_tiny_sst2_bert_vocab"  # on SST-2's sentences with bert-base-uncased's vocabulary
 AFTER = "runs/bert_tiny_corpus_then_sst2"  # GENERAL's first 2000 steps, then 2000 on SST-2's sentences
 SCRATCH = ""
+STSB_IN_DOMAIN = "runs/bert_tiny_stsb"  # as IN_DOMAIN, on STS-B's training sentences (both of each pair)
 LABELS = (250, 1000, 4000, 67349)  # 67,349: all of SST-2's training set
+STSB_LABELS = (250, 1000, 4000, 5749)  # 5,749: all of STS-B's training pairs
 SEEDS = (0, 1, 2)
 LEARNING_RATES = (3e-4, 1e-3, 3e-3)  # the search (seed 0, 1000 labels)
 
