@@ -40,6 +40,17 @@ SEEDS = (0, 1, 2)
 LEARNING_RATES = (3e-4, 1e-3, 3e-3)  # the search (seed 0, 1000 labels)
 
 
+def lr_search(in_domain: str) -> dict[str, list]:
+    """AXES of a curve's learning-rate search: the in-domain run and scratch at each of LEARNING_RATES, 1000 labels,
+    seed 0."""
+    return {
+        "init_from": [in_domain, SCRATCH],
+        "optimizer.learning_rate": list(LEARNING_RATES),
+        "data.max_train_examples": [1000],
+        "seed": [0],
+    }
+
+
 def finetune(vocab: str = "") -> dict:
     """OVERRIDES of configs/bert_finetune.py:sst2_tiny for a curve (the learning rate is each sweep file's): 300 steps
     of 32 rows of 64 pieces (warmup over a tenth, then linear decay), the whole dev set scored every 100 steps and

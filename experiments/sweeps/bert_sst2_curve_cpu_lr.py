@@ -10,10 +10,5 @@ label counts and seeds (docs/bert.md#learning-curves-and-in-domain-pretraining).
 from experiments.sweeps import bert_curve as curve
 
 CONFIG = "configs/bert_finetune.py:sst2_tiny"
-AXES = {
-    "init_from": [curve.IN_DOMAIN, curve.SCRATCH],
-    "optimizer.learning_rate": list(curve.LEARNING_RATES),
-    "data.max_train_examples": [1000],
-    "seed": [0],
-}
+AXES = curve.lr_search(curve.IN_DOMAIN)
 OVERRIDES = curve.finetune(f"{curve.IN_DOMAIN}/tokenizer")

@@ -10,10 +10,5 @@ both) over the label counts and seeds (docs/bert.md#learning-curves-and-in-domai
 from experiments.sweeps import bert_curve as curve
 
 CONFIG = "configs/bert_finetune.py:stsb_tiny"
-AXES = {
-    "init_from": [curve.STSB_IN_DOMAIN, curve.SCRATCH],
-    "optimizer.learning_rate": list(curve.LEARNING_RATES),
-    "data.max_train_examples": [1000],
-    "seed": [0],
-}
+AXES = curve.lr_search(curve.STSB_IN_DOMAIN)
 OVERRIDES = curve.finetune(f"{curve.STSB_IN_DOMAIN}/tokenizer")
