@@ -29,7 +29,7 @@ Variants (pick one after the colon):
 import ml_collections
 
 from configs import base, sft
-from lm.layers.options import Range, above, at_least, declare, option
+from lm.layers.options import above, at_least, declare, option
 
 VARIANTS = ("hh", "small", "test")
 
@@ -38,12 +38,7 @@ def preference_data() -> ml_collections.ConfigDict:
     """The pairs and the rows they are laid into."""
     return declare(
         ml_collections.ConfigDict(),
-        source=option("files:hh-rlhf/helpful-base/test.jsonl.gz", "the training pairs: files:GLOB (.jsonl, .jsonl.gz, "
-                      ".parquet), tfds:NAME[/CONFIG][:SPLIT] or hf:NAME_OR_DIR[:CONFIG][:SPLIT]"),
-        val_source=option("", "the held-out pairs, as source ('' = the last val_fraction of source's)"),
-        val_fraction=option(0.1, "without val_source, the share of source's pairs (the last ones) held out",
-                            bounds=Range(0, 1, low_open=True, high_open=True)),
-        max_records=option(0, "the first so many records of each source (0: all)", bounds=at_least(0)),
+        **sft.record_sources("files:hh-rlhf/helpful-base/test.jsonl.gz", "", 0.1, "pairs"),
         chosen_field=option("chosen", "the field holding the preferred response (a whole transcript without "
                                       "prompt_field)"),
         rejected_field=option("rejected", "the field holding the other response (a whole transcript without "
@@ -54,9 +49,7 @@ def preference_data() -> ml_collections.ConfigDict:
                                                  "transcript's last one (hh-rlhf's)"),
         skip_bad_records=option(False, "skip (and count) the records that give no pair (a missing field, no "
                                        "response_marker, identical responses) instead of stopping at the first"),
-        tokenizer=option("gpt2", "gpt2 (GPT-2's own, $LM_DATA_DIR/vocab) or the path of a tokenizer.json, absolute "
-                                 "or relative to $LM_DATA_DIR; its vocabulary must be vocab_size"),
-        vocab_size=option(50257, "ids in the vocabulary (50257: GPT-2 BPE)", bounds=at_least(1)),
+        **sft.tokenizer_options(),
         context_length=option(512, "tokens per row: a pair is two rows, prompt + chosen and prompt + rejected",
                               bounds=at_least(1)),
     )

@@ -32,17 +32,33 @@ from lm.layers.options import Range, at_least, declare, option
 VARIANTS = ("gsm8k", "small", "test")
 
 
+def record_sources(source: str, val_source: str, val_fraction: float, records: str) -> dict:
+    """The data options of where a post-training run's records come from (SFT's and DPO's): the training and
+    held-out sources and how many records to read; records names what a record is ("records", "pairs")."""
+    return dict(
+        source=option(source, f"the training {records}: files:GLOB (.jsonl, .jsonl.gz, .parquet), "
+                              "tfds:NAME[/CONFIG][:SPLIT] or hf:NAME_OR_DIR[:CONFIG][:SPLIT]"),
+        val_source=option(val_source, f"the held-out {records}, as source ('' = the last val_fraction of source's)"),
+        val_fraction=option(val_fraction, f"without val_source, the share of source's {records} (the last ones) "
+                                          "held out", bounds=Range(0, 1, low_open=True, high_open=True)),
+        max_records=option(0, "the first so many records of each source (0: all)", bounds=at_least(0)),
+    )
+
+
+def tokenizer_options() -> dict:
+    """The data options of the tokenizer a post-training run's text is encoded with."""
+    return dict(
+        tokenizer=option("gpt2", "gpt2 (GPT-2's own, $LM_DATA_DIR/vocab) or the path of a tokenizer.json, absolute "
+                                 "or relative to $LM_DATA_DIR; its vocabulary must be vocab_size"),
+        vocab_size=option(50257, "ids in the vocabulary (50257: GPT-2 BPE)", bounds=at_least(1)),
+    )
+
+
 def conversation_data() -> ml_collections.ConfigDict:
     """The records, their chat template and the rows they are packed into."""
     return declare(
         ml_collections.ConfigDict(),
-        source=option("files:gsm8k/train.jsonl.gz", "the training records: files:GLOB (.jsonl, .jsonl.gz, .parquet), "
-                                                    "tfds:NAME[/CONFIG][:SPLIT] or hf:NAME_OR_DIR[:CONFIG][:SPLIT]"),
-        val_source=option("files:gsm8k/test.jsonl", "the held-out records, as source ('' = the last val_fraction "
-                                                    "of source's)"),
-        val_fraction=option(0.05, "without val_source, the share of source's records (the last ones) held out",
-                            bounds=Range(0, 1, low_open=True, high_open=True)),
-        max_records=option(0, "the first so many records of each source (0: all)", bounds=at_least(0)),
+        **record_sources("files:gsm8k/train.jsonl.gz", "files:gsm8k/test.jsonl", 0.05, "records"),
         prompt_field=option("question", "the field of a prompt/response record holding the user's prompt"),
         response_field=option("answer", "the field of a prompt/response record holding the assistant's response"),
         messages_field=option("", "instead of the prompt and response fields, the field holding a conversation: a "
@@ -53,9 +69,7 @@ def conversation_data() -> ml_collections.ConfigDict:
                                       "assistant's tokens only (held-out loss is always the assistant's)"),
         skip_bad_records=option(False, "skip (and count) the records that give no conversation (a missing field, "
                                        "a template that fails on them) instead of stopping at the first"),
-        tokenizer=option("gpt2", "gpt2 (GPT-2's own, $LM_DATA_DIR/vocab) or the path of a tokenizer.json, absolute "
-                                 "or relative to $LM_DATA_DIR; its vocabulary must be vocab_size"),
-        vocab_size=option(50257, "ids in the vocabulary (50257: GPT-2 BPE)", bounds=at_least(1)),
+        **tokenizer_options(),
         context_length=option(512, "tokens per training row (conversations are packed into rows)",
                               bounds=at_least(1)),
     )
