@@ -20,8 +20,10 @@ Per row (a config and its overrides), one process, one after another:
   ratio        trainer units/s over step-alone units/s: what the loop loses (1.0: nothing).
   --profile    one more round of the step alone, untimed, traced by jax.profiler into DIR/<row> (TensorBoard,
                Perfetto: docs/performance.md); each row prints where.
-Also the device, its peak memory over the row (GPU/TPU), jax and flax versions. The same figures go
-to benchmarks/results/accelerator-<quick|full>-<device>.json; the last line printed is
+Also the device, its peak memory so far in the process (GPU/TPU; a row after a larger one shows the
+larger's), jax and flax versions. Rows run in --rows's order; each is printed and saved as it ends (a run cut
+short keeps its rows); a row that fails prints its error, the others go on, and the run exits non-zero. The
+figures go to benchmarks/results/accelerator-<quick|full>-<device>.json; the last line printed is
 `summary: trainer_over_step=<min over rows> ...`.
 """
 
@@ -41,7 +43,7 @@ from lm.errors import UserError, run_user_errors
 
 _QUICK = flags.DEFINE_bool("quick", False, "The CPU-sized rows (baby and the test configs) instead of the "
                            "accelerator rows.")
-_ROWS = flags.DEFINE_list("rows", [], "Only these rows (names as printed); default: all of the set.")
+_ROWS = flags.DEFINE_list("rows", [], "Only these rows (names as printed), in this order; default: all of the set.")
 _ROUNDS = flags.DEFINE_integer("rounds", 5, "Timed rounds of the step alone (after one untimed round).")
 _PROFILE = flags.DEFINE_string("profile", "", "A folder: trace one more round of each row's step alone (untimed) "
                                "into <folder>/<row>; '' = no trace.")
@@ -56,6 +58,8 @@ FULL_ROWS = {
     "gpt2_124m_b16_scanned": ("configs/gpt2.py:124m", {"data.dataset": "synthetic", "train.batch_size": 16,
                                                        "train.grad_accum_steps": 1, "model.scan_layers": True},
                               20, 200),
+    "gpt2_124m_b16_muon": ("configs/gpt2.py:124m", {"data.dataset": "synthetic", "train.batch_size": 16,
+                                                    "train.grad_accum_steps": 1, "optimizer.name": "muon"}, 20, 0),
     "gpt2_124m_b32": ("configs/gpt2.py:124m", {"data.dataset": "synthetic", "train.batch_size": 32,
                                                "train.grad_accum_steps": 1}, 10, 0),
     "gpt2_124m_b64": ("configs/gpt2.py:124m", {"data.dataset": "synthetic", "train.batch_size": 64,
@@ -169,15 +173,13 @@ def benchmark() -> None:
     import flax
     import jax
 
-    from lm.cli.overrides import resolve_config
     from lm.train.flops import peak_flops_per_device
-    from lm.train.metrics import format_bytes
 
     rows = QUICK_ROWS if _QUICK.value else FULL_ROWS
     unknown = sorted(set(_ROWS.value) - set(rows))
     if unknown:
         raise UserError(f"--rows: no row {', '.join(unknown)}; the rows are {', '.join(rows)}")
-    chosen = {name: row for name, row in rows.items() if not _ROWS.value or name in _ROWS.value}
+    chosen = {name: rows[name] for name in _ROWS.value or rows}
     device = jax.devices()[0]
     device_peak = peak_flops_per_device(device)  # None on a CPU: no MFU
     peak = device_peak * jax.device_count() if device_peak else None
@@ -185,56 +187,79 @@ def benchmark() -> None:
     cache = {"train.compilation_cache_dir": str(scratch / "cache")}  # empty: the first compiles are cold
     print(f"device {device.device_kind} x {jax.device_count()} | jax {jax.__version__} | flax {flax.__version__} | "
           f"peak {f'{peak / 1e12:,.2f} TFLOP/s' if peak else 'unknown (no MFU)'}")
-    results = {}
-    try:
-        for name, (spec, overrides, steps, trainer_steps) in chosen.items():
-            print(f"\n--- {name}: {spec} {' '.join(f'--config.{k}={v}' for k, v in overrides.items())}")
-            config = resolve_config(spec, {**overrides, **cache})
-            profile = pathlib.Path(_PROFILE.value).absolute() / name if _PROFILE.value else None
-            row = {"config": spec, "overrides": overrides, **step_alone(config, steps, _ROUNDS.value, profile)}
-            row["units_per_second"] = row["units_per_step"] / row["step_seconds"]
-            if peak:
-                row["mfu"] = row["flops_per_step"] / row["step_seconds"] / peak
-            if trainer_steps:
-                config = resolve_config(spec, {**overrides, **cache, **TRAINER_RUN})
-                row.update(trainer_run(config, trainer_steps, scratch / name))
-                row["trainer_over_step"] = row["trainer_units_per_second"] / row["units_per_second"]
-            stats = device.memory_stats() or {}
-            row["device_peak_bytes"] = stats.get("peak_bytes_in_use")
-            results[name] = row
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-
-    unit = "units/s"
-    print(f"\n=== accelerator benchmark ({'quick' if _QUICK.value else 'full'}): {device.device_kind} "
-          f"x {jax.device_count()}, jax {jax.__version__}, flax {flax.__version__} ===")
-    print(f"{'row':<28} {'ms/step':>9} {unit:>12} {'MFU':>6} {'trainer ' + unit:>18} {'ratio':>6} "
-          f"{'compile cold s':>15} {'trainer compile s':>18} {'step memory':>12} {'device peak':>12}")
-    for name, r in results.items():
-        trainer = (f"{r['trainer_units_per_second']:>18,.0f} {r['trainer_over_step']:>6.2f}"
-                   if "trainer_over_step" in r else f"{'-':>18} {'-':>6}")
-        trainer_compile = f"{r['trainer_compile_seconds']:>18.1f}" if "trainer_compile_seconds" in r else f"{'-':>18}"
-        device_peak = format_bytes(r["device_peak_bytes"]) if r["device_peak_bytes"] else "-"
-        mfu = f"{r['mfu']:>6.1%}" if "mfu" in r else f"{'-':>6}"
-        print(f"{name:<28} {r['step_seconds'] * 1e3:>9.2f} {r['units_per_second']:>12,.0f} {mfu} {trainer} "
-              f"{r['compile_seconds_cold']:>15.1f} {trainer_compile} {format_bytes(r['step_memory_bytes']):>12} "
-              f"{device_peak:>12}")
-
     out = pathlib.Path(_OUT.value)
     out.mkdir(parents=True, exist_ok=True)
     kind = "".join(c if c.isalnum() else "_" for c in device.device_kind.lower())
     path = out / f"accelerator-{'quick' if _QUICK.value else 'full'}-{kind}.json"
-    path.write_text(json.dumps({
-        "date": datetime.date.today().isoformat(), "device": device.device_kind, "device_count": jax.device_count(),
-        "jax": jax.__version__, "flax": flax.__version__, "python": platform.python_version(),
-        "peak_flops": peak, "rows": results,
-    }, indent=2))
-    print(f"wrote {path}")
-    ratios = [r["trainer_over_step"] for r in results.values() if "trainer_over_step" in r]
-    worst = min(results, key=lambda n: results[n].get("trainer_over_step", float("inf")))
-    print(f"summary: trainer_over_step={min(ratios):.3f} (row {worst}) rows={len(results)} "
-          f"device={kind} jax={jax.__version__} flax={flax.__version__}")
+    header = {"date": datetime.date.today().isoformat(), "device": device.device_kind,
+              "device_count": jax.device_count(), "jax": jax.__version__, "flax": flax.__version__,
+              "python": platform.python_version(), "peak_flops": peak}
+    results = {}
+    try:
+        for name, (spec, overrides, steps, trainer_steps) in chosen.items():
+            print(f"\n--- {name}: {spec} {' '.join(f'--config.{k}={v}' for k, v in overrides.items())}")
+            row_start = time.perf_counter()
+            try:
+                results[name] = measure_row(spec, {**overrides, **cache}, steps, trainer_steps, peak, scratch / name)
+            except Exception as e:  # one failing row (a kernel the device lacks, memory) does not lose the others
+                results[name] = {"config": spec, "overrides": overrides, "error": f"{type(e).__name__}: {e}"}
+            results[name]["row_wall_seconds"] = time.perf_counter() - row_start
+            print(f"row {row_line(name, results[name])}  ({results[name]['row_wall_seconds']:.0f} s)", flush=True)
+            path.write_text(json.dumps({**header, "rows": results}, indent=2))  # a run cut short keeps its rows
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
+    print(f"\n=== accelerator benchmark ({'quick' if _QUICK.value else 'full'}): {device.device_kind} "
+          f"x {jax.device_count()}, jax {jax.__version__}, flax {flax.__version__} ===")
+    print(f"{'row':<28} {'ms/step':>9} {'units/s':>12} {'MFU':>6} {'trainer units/s':>18} {'ratio':>6} "
+          f"{'compile cold s':>15} {'trainer compile s':>18} {'step memory':>12} {'device peak':>12}")
+    for name, r in results.items():
+        print(row_line(name, r))
+    print(f"wrote {path}")
+    ratios = {n: r["trainer_over_step"] for n, r in results.items() if "trainer_over_step" in r}
+    worst = min(ratios, key=ratios.get) if ratios else None
+    failed = [n for n, r in results.items() if "error" in r]
+    print(f"summary: trainer_over_step={f'{ratios[worst]:.3f} (row {worst})' if worst else '-'} rows={len(results)} "
+          f"failed={','.join(failed) or 0} device={kind} jax={jax.__version__} flax={flax.__version__}")
+    if failed:
+        raise UserError(f"rows failed: {', '.join(failed)} (their errors are printed above and in {path})")
+
+
+def measure_row(spec: str, overrides: dict, steps: int, trainer_steps: int, peak: float | None,
+                workdir: pathlib.Path) -> dict:
+    """One row: the step alone, then (trainer_steps > 0) the trainer, and the device's peak memory."""
+    import jax
+
+    from lm.cli.overrides import resolve_config
+
+    shown = {k: v for k, v in overrides.items() if k != "train.compilation_cache_dir"}
+    profile = pathlib.Path(_PROFILE.value).absolute() / workdir.name if _PROFILE.value else None
+    row = {"config": spec, "overrides": shown,
+           **step_alone(resolve_config(spec, overrides), steps, _ROUNDS.value, profile)}
+    row["units_per_second"] = row["units_per_step"] / row["step_seconds"]
+    if peak:
+        row["mfu"] = row["flops_per_step"] / row["step_seconds"] / peak
+    if trainer_steps:
+        row.update(trainer_run(resolve_config(spec, {**overrides, **TRAINER_RUN}), trainer_steps, workdir))
+        row["trainer_over_step"] = row["trainer_units_per_second"] / row["units_per_second"]
+    row["device_peak_bytes"] = (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use")
+    return row
+
+
+def row_line(name: str, r: dict) -> str:
+    """A row of the printed table (units/s in the row's own unit)."""
+    from lm.train.metrics import format_bytes
+
+    if "error" in r:
+        return f"{name:<28} failed: {r['error'][:300]}"
+    trainer = (f"{r['trainer_units_per_second']:>18,.0f} {r['trainer_over_step']:>6.2f}"
+               if "trainer_over_step" in r else f"{'-':>18} {'-':>6}")
+    trainer_compile = f"{r['trainer_compile_seconds']:>18.1f}" if "trainer_compile_seconds" in r else f"{'-':>18}"
+    device_peak = format_bytes(r["device_peak_bytes"]) if r["device_peak_bytes"] else "-"
+    mfu = f"{r['mfu']:>6.1%}" if "mfu" in r else f"{'-':>6}"
+    return (f"{name:<28} {r['step_seconds'] * 1e3:>9.2f} {r['units_per_second']:>12,.0f} {mfu} {trainer} "
+            f"{r['compile_seconds_cold']:>15.1f} {trainer_compile} {format_bytes(r['step_memory_bytes']):>12} "
+            f"{device_peak:>12}")
 
 if __name__ == "__main__":
     app.run(main)
