@@ -78,7 +78,9 @@ def test_k_steps_per_dispatch_equal_k_single_steps(data_dir, test_config, tmp_pa
         b = [(r["step"], r[key]) for r in multi if key in r]
         assert len(a) >= 2 and [s for s, _ in a] == [s for s, _ in b], (key, a, b)
         np.testing.assert_allclose([v for _, v in a], [v for _, v in b], rtol=1e-5, err_msg=key)
-    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6), single_params, multi_params)
+    # Up to the summation order of two different programs: Adam turns the noise on near-zero gradients into
+    # updates of about 1e-6 (a skipped or repeated step moves parameters by about the learning rate, 1e-3).
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5), single_params, multi_params)
 
 
 def test_a_bad_steps_per_dispatch_is_a_user_error(test_config):
