@@ -266,3 +266,6 @@ def test_weight_decay_skips_biases_and_scales_stacked_over_layers_or_experts():
         assert np.all(np.asarray(per_layer) == scanned_value)
     experts = mask["decoder"]["block_1"]["moe"]["experts"]
     assert experts["up"]["kernel"] and not experts["up"]["bias"]
+    query = mask["decoder"]["block_0"]["attention"]["query"]  # its bias is heads x head size: two axes
+    assert shapes["decoder"]["block_0"]["attention"]["query"]["bias"].ndim == 2
+    assert query["kernel"] and not query["bias"]

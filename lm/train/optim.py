@@ -141,11 +141,13 @@ def learning_rate_schedule(cfg, peak: float | None = None, end: float | None = N
 def decay_mask(params):
     """Weight decay on matrices and embeddings only, not on biases or norm scales, also where they are
     stacked: over layers by nn.scan (under 'blocks') or over mixture-of-experts experts."""
+    return jax.tree_util.tree_map_with_path(lambda path, p: is_matrix(path_names(path), p.ndim), params)
 
-    def is_matrix(path, p) -> bool:
-        return p.ndim - stacked_axes(path_names(path)) >= 2
 
-    return jax.tree_util.tree_map_with_path(is_matrix, params)
+def is_matrix(names: tuple[str, ...], ndim: int) -> bool:
+    """Whether the parameter at names is a matrix (a kernel or an embedding): two axes or more besides the
+    stacked ones, and no bias (an attention projection's bias has two: heads x head size)."""
+    return ndim - stacked_axes(names) >= 2 and names[-1] != "bias"
 
 
 def trainable(params):
@@ -210,7 +212,7 @@ def muon_dimensions(names: tuple[str, ...], ndim: int) -> MuonDimensionNumbers:
 
 def muon_labels(pattern: str):
     """params -> per leaf (a boxed parameter is one leaf) 'muon' where its '/'-joined path matches pattern
-    (re.search) and it has two axes or more besides the stacked ones, else 'adamw'. No leaf for Muon is a
+    (re.search) and it is a matrix (is_matrix), else 'adamw'. No leaf for Muon is a
     UserError that names the option, as is a pattern that is no regular expression."""
     try:
         matches = re.compile(pattern).search
@@ -219,9 +221,8 @@ def muon_labels(pattern: str):
 
     def labels(params):
         def label(path, leaf) -> str:
-            names, ndim = path_names(path), jnp.ndim(nn.unbox(leaf))
-            is_matrix = ndim - stacked_axes(names) >= 2
-            return "muon" if is_matrix and matches("/".join(names)) else "adamw"
+            names = path_names(path)
+            return "muon" if is_matrix(names, jnp.ndim(nn.unbox(leaf))) and matches("/".join(names)) else "adamw"
 
         labelled = jax.tree_util.tree_map_with_path(label, params, is_leaf=lambda x: isinstance(x, nn.Partitioned))
         if "muon" not in jax.tree.leaves(labelled):
