@@ -20,6 +20,7 @@ from lm.train.loop import train
 from lm.train.optim import (
     decay_start,
     learning_rate_schedule,
+    logged_learning_rates,
     make_optimizer,
     muon_labels,
     resolve_schedule,
@@ -109,6 +110,12 @@ def test_muon_orthogonalises_the_block_matrices_and_adamw_takes_the_rest():
     np.testing.assert_allclose(updates["block_0"]["mlp"]["kernel"], expected, rtol=2e-4, atol=1e-6)
     g = grads["token_embed"]["embedding"]  # Adam's first step: g / (|g| + eps)
     np.testing.assert_allclose(updates["token_embed"]["embedding"], -1e-3 * g / (np.abs(g) + 1e-8), rtol=1e-4)
+    # The train step logs both groups' rates: those these updates were scaled by.
+    rates = logged_learning_rates(muon_config())
+    assert list(rates) == ["learning_rate", "muon_learning_rate"]
+    np.testing.assert_allclose([rates["learning_rate"](0), rates["muon_learning_rate"](0)], [1e-3, 0.02], rtol=1e-6)
+    assert list(logged_learning_rates(optimizer_options(name="adamw", warmup_steps=0, decay_steps=10))) == [
+        "learning_rate"]
 
 
 @pytest.mark.parametrize("name", OPTIMIZERS)
@@ -178,7 +185,7 @@ def test_a_checkpointed_optimizer_state_resumes_exactly(name, tmp_path):
 
     config = optimizer_options(name=name, learning_rate=1e-2, weight_decay=0.1, warmup_steps=2, decay_steps=6)
     optimizer = make_optimizer(config)
-    step = jax.jit(make_multi_step(make_train_step(loss_fn, optimizer, learning_rate_schedule(config), 1, 0)))
+    step = jax.jit(make_multi_step(make_train_step(loss_fn, optimizer, logged_learning_rates(config), 1, 0)))
     straight = resumed = TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params))
     for ids in data:
         straight, _ = step(straight, (ids,))

@@ -163,7 +163,7 @@ def test_a_nonfinite_step_leaves_the_weights_and_optimizer_state_alone():
     optimizer = optax.adam(0.1)
     params = {"w": jnp.ones(3)}
     state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params))
-    step = jax.jit(make_train_step(loss_fn, optimizer, optax.constant_schedule(0.1), 1, seed=0))
+    step = jax.jit(make_train_step(loss_fn, optimizer, {"learning_rate": optax.constant_schedule(0.1)}, 1, seed=0))
     for scale in (np.nan, np.inf):
         after, metrics = step(state, {"x": jnp.zeros(3), "scale": jnp.float32(scale)})
         assert metrics["nonfinite"] == 1 and int(after.step) == 1

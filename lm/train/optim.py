@@ -234,12 +234,26 @@ def muon_labels(pattern: str):
     return labels
 
 
+def muon_learning_rate_schedule(cfg) -> optax.Schedule:
+    """Muon's learning rate: the schedule of learning_rate, scaled to peak at muon_learning_rate."""
+    scale = cfg.muon_learning_rate / cfg.learning_rate if cfg.learning_rate else 0.0
+    return learning_rate_schedule(cfg, cfg.muon_learning_rate, cfg.min_learning_rate * scale)
+
+
+def logged_learning_rates(cfg) -> dict[str, optax.Schedule]:
+    """The learning rates a train step logs, by metric name: learning_rate, and Muon's own
+    (muon_learning_rate) where Muon updates the matrices."""
+    rates = {"learning_rate": learning_rate_schedule(cfg)}
+    if cfg.name == "muon":
+        rates["muon_learning_rate"] = muon_learning_rate_schedule(cfg)
+    return rates
+
+
 def muon(cfg, schedule: optax.Schedule) -> optax.GradientTransformation:
     """Muon (optax.contrib.scale_by_muon: Nesterov momentum muon_momentum, Newton-Schulz orthogonalisation,
     updates scaled by sqrt(max(1, fan_out / fan_in)) as optax.contrib.muon does) on the matrices muon_params
     picks, at muon_learning_rate on the same schedule; AdamW on every other leaf, at learning_rate."""
-    scale = cfg.muon_learning_rate / cfg.learning_rate if cfg.learning_rate else 0.0
-    muon_schedule = learning_rate_schedule(cfg, cfg.muon_learning_rate, cfg.min_learning_rate * scale)
+    muon_schedule = muon_learning_rate_schedule(cfg)
 
     def dimensions(updates):  # the Muon group's leaves (the others are optax's MaskedNode: no leaves)
         return jax.tree_util.tree_map_with_path(lambda path, x: muon_dimensions(path_names(path), x.ndim), updates)

@@ -27,7 +27,7 @@ from lm.errors import UserError
 from lm.runs import CHECKPOINTS_DIR
 from lm.train.checkpoint import Checkpointer
 from lm.train.experiment import Experiment
-from lm.train.optim import learning_rate_schedule, make_optimizer, resolve_schedule, schedule_warning
+from lm.train.optim import logged_learning_rates, make_optimizer, resolve_schedule, schedule_warning
 from lm.train.profile import profile_window
 from lm.train.state import TrainState
 from lm.train.step import make_multi_step, make_train_step
@@ -167,7 +167,7 @@ def jit_train_step(config: ml_collections.ConfigDict, experiment: Experiment, op
     step per batch of the tuple (train.steps_per_dispatch of them, fewer before a log, eval or
     checkpoint step), the metrics stacked (n,), the state donated."""
     return jax.jit(
-        make_multi_step(make_train_step(experiment.loss, optimizer, learning_rate_schedule(config.optimizer),
+        make_multi_step(make_train_step(experiment.loss, optimizer, logged_learning_rates(config.optimizer),
                                         config.train.grad_accum_steps, config.seed)),
         in_shardings=(state_shardings, sharding.batch_sharding(mesh)),
         out_shardings=(state_shardings, None),

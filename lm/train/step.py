@@ -55,10 +55,13 @@ def gradient_fn(loss_fn: LossFn, grad_accum_steps: int):
 def make_train_step(
     loss_fn: LossFn,
     optimizer: optax.GradientTransformation,
-    learning_rate: optax.Schedule,
+    learning_rates: dict[str, optax.Schedule],
     grad_accum_steps: int,
     seed: int,
 ):
+    """(state, batch) -> (state, metrics): one update, the loss's metrics with the loss, the gradient's norm,
+    each learning rate of learning_rates at this step (by metric name: optim.logged_learning_rates) and
+    whether the step was skipped as nonfinite."""
     compute_gradients = gradient_fn(loss_fn, grad_accum_steps)
 
     def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
@@ -78,7 +81,7 @@ def make_train_step(
             metrics,
             loss=loss,
             grad_norm=grad_norm,
-            learning_rate=learning_rate(state.step),
+            **{name: schedule(state.step) for name, schedule in learning_rates.items()},
             nonfinite=1.0 - finite.astype(jnp.float32),
         )
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
