@@ -2,10 +2,10 @@
 the table `lm eval --tasks` prints and the eval.json it writes."""
 
 import dataclasses
-import json
 import pathlib
 import time
 
+from lm import runs
 from lm.errors import UserError
 from lm.eval.scoring import Scorer, loglikelihoods, rolling_loglikelihoods
 from lm.eval.tasks import Task, aggregate, documents
@@ -65,9 +65,10 @@ def table(results: list[TaskResult]) -> str:
 
 
 def write(results: list[TaskResult], path: pathlib.Path, model: str, limit: int | None) -> None:
-    """eval.json: the model, the limit, and per task its metrics, documents and seconds."""
+    """eval.json: the model, the limit, and per task its metrics, documents and seconds; written whole or not
+    at all (an interrupted write leaves the previous file)."""
     found = {"model": model, "limit": limit,
              "tasks": {result.task.name: {**result.metrics, "documents": result.documents,
                                           "seconds": round(result.seconds, 3)} for result in results}}
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(found, indent=2) + "\n")
+    runs.write_json(path, found)
