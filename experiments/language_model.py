@@ -185,6 +185,12 @@ class LanguageModel(Experiment):
         )
         return self.tokenizer.decode(ids[0])
 
+    def chat_prompt(self, text: str) -> str:
+        """text as a user's message rendered for the model's reply (lm sample --chat): a UserError here, since a
+        pretrained GPT has no chat template; supervised fine-tuning's runs have one (experiments/sft.py)."""
+        raise UserError("--chat: this run has no chat template (data.chat_template of a supervised fine-tuning "
+                        "run, configs/sft.py); leave --chat out to continue the prompt as it is")
+
     def texts(self, params) -> dict[str, str]:
         if self.tokenizer is None:
             return {}  # token ids: no text to show

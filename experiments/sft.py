@@ -63,13 +63,16 @@ class SFT(LanguageModel):
         batches = every_row(packing.examples(self.val_rows), self.config.eval.batch_size)
         return {"val_answer_loss": evaluate(batches)["cross_entropy"]}
 
+    def chat_prompt(self, text: str) -> str:
+        """text as the user's message, rendered by the run's chat template with the generation prompt."""
+        return self.template.render(chat.pair_messages(text, "")[:1], add_generation_prompt=True)
+
     def texts(self, params) -> dict[str, str]:
-        """The sample prompt as a user message, rendered with the generation prompt, and the model's reply."""
+        """The sample prompt as a user message (chat_prompt) and the model's reply."""
         s = self.config.sample
         if not s.max_new_tokens:
             return {}
-        prompt = self.template.render(chat.pair_messages(s.prompt, "")[:1], add_generation_prompt=True)
-        return {"sample": self.sample(params, prompt, s.max_new_tokens, s.temperature, s.top_k)}
+        return {"sample": self.sample(params, self.chat_prompt(s.prompt), s.max_new_tokens, s.temperature, s.top_k)}
 
 
 def every_row(rows: dict[str, np.ndarray], batch_size: int) -> list[dict[str, np.ndarray]]:

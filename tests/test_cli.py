@@ -176,6 +176,7 @@ def test_sampling_from_a_checkpoint(trained_run, capsys):
     greedy = [f"--workdir={workdir}", "--prompt=A", "--max_new_tokens=30", "--temperature=0"]
     first, again = (main_in_process(capsys, sample_cli, *greedy) for _ in range(2))
     assert first.stdout == again.stdout and first.returncode == again.returncode == 0 and first.stdout.startswith("A")
+    assert_user_error(main_in_process(capsys, sample_cli, *greedy, "--chat"), "--chat: this run has no chat template")
 
 
 def test_sampling_from_an_empty_workdir(tmp_path, capsys):

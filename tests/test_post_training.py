@@ -129,6 +129,12 @@ def test_train_on_prompt_scores_every_token_and_the_held_out_loss_the_answers(to
     assert 0 < val["weights"].sum() < continues.sum()  # held out: the answers alone
 
 
+def test_lm_sample_chat_sends_the_prompt_as_the_users_turn_with_the_assistants_opened(tokenizer_path, tmp_path):
+    source = write_jsonl(tmp_path / "pairs.jsonl", [{"question": "Name a colour.", "answer": "Blue."}])
+    built = sft.build(sft_config_for(tokenizer_path, source, chat_template="chatml"))
+    assert built.chat_prompt("Say hi.") == "<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\n"
+
+
 def test_a_conversation_longer_than_a_row_is_cut_from_the_left_or_dropped(tokenizer_path, tmp_path, capsys):
     ids, marks = np.arange(10, dtype=np.int32), np.array([0, 0, 0, 1, 1, 0, 0, 1, 1, 1], np.float32)
     assert sft.fit_to_row((ids, marks), 10)[0] is ids  # fits

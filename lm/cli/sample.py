@@ -3,6 +3,10 @@ r"""Generate text from the latest checkpoint of a language-model run, or from a 
   lm sample --workdir=runs/baby --prompt="ROMEO:" --max_new_tokens=300 \
       --temperature=0.8 --top_k=40 [--top_p=0.95]
   lm sample --hf=DIR --prompt="The meaning of life is" [--hf_tokenizer=tokenizer.json] ...
+  lm sample --workdir=runs/sft --chat --prompt="What is 7 times 8?"   # a user's turn, the assistant's reply
+
+--chat (a supervised fine-tuning run, configs/sft.py): the prompt is the user's message, rendered by the run's
+chat template with the assistant's turn opened, as the run's own samples are.
 
 --hf: a GPT2LMHeadModel or LlamaForCausalLM folder with its tokenizer.json (as lm eval --hf reads it); the prompt
 is encoded as transformers encodes it (with the special tokens the tokenizer adds, e.g. Llama's BOS), and the
@@ -33,6 +37,8 @@ _TOP_P = flags.DEFINE_float("top_p", 1.0, "Sample from the most likely tokens wh
                                          "top_p (nucleus sampling, after top_k); 1 = all.")
 _NUM_SAMPLES = flags.DEFINE_integer("num_samples", 1, "How many independent samples.")
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
+_CHAT = flags.DEFINE_bool("chat", False, "Send the prompt as a user's message through the run's chat template (a "
+                          "supervised fine-tuning run's data.chat_template), with the assistant's turn opened.")
 
 
 def folder_sampler(directory: str, tokenizer_file: str | None = None) -> Callable[..., str]:
@@ -69,13 +75,19 @@ def main(argv: list[str]) -> None:
         if (_WORKDIR.value is None) == (_HF.value is None):
             raise UserError("give one of --workdir=DIR (a run folder written by lm train) and --hf=DIR (a Hugging "
                             "Face folder)")
+        prompt = _PROMPT.value
         if _HF.value is not None:
+            if _CHAT.value:
+                raise UserError("--chat takes a run's chat template (--workdir of a supervised fine-tuning run); "
+                                "with --hf, write the template's text into --prompt")
             sampler = folder_sampler(_HF.value, _HF_TOKENIZER.value)
         else:
             experiment, params = load_run(pathlib.Path(_WORKDIR.value), "sample")
             sampler = functools.partial(experiment.sample, params)
+            if _CHAT.value:
+                prompt = experiment.chat_prompt(prompt)
         for i in range(_NUM_SAMPLES.value):
-            text = sampler(_PROMPT.value, _MAX_NEW_TOKENS.value, _TEMPERATURE.value, _TOP_K.value,
+            text = sampler(prompt, _MAX_NEW_TOKENS.value, _TEMPERATURE.value, _TOP_K.value,
                            seed=_SEED.value + i, top_p=_TOP_P.value)
             print(text if i == 0 else f"---\n{text}")
 
