@@ -130,7 +130,7 @@ def test_only_the_adapters_train_and_hold_optimizer_state_while_the_base_stays_b
     def loss_fn(p, batch, rng, train):  # (loss, metrics)
         return jnp.mean((model.apply({"params": p}, batch) - 1) ** 2), {}
 
-    step = jax.jit(make_train_step(loss_fn, optimizer, optax.constant_schedule(1e-2), 1, 0))
+    step = jax.jit(make_train_step(loss_fn, optimizer, {"learning_rate": optax.constant_schedule(1e-2)}, 1, 0))
     state, metrics = step(TrainState(jnp.zeros((), jnp.int32), params, opt_state), x)
     assert metrics["grad_norm"] > 0
     for path, before in traverse_util.flatten_dict(params).items():
