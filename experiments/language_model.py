@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from lm.data import bpe, mixture, packing, run_cache, sources, text, token_shards, tokens
+from lm.data import bpe, chat, mixture, packing, run_cache, sources, text, token_shards, tokens
 from lm.decode.generate import generate
 from lm.errors import UserError
 from lm.eval.benchmarks import benchmark_evaluators, parse_benchmarks
@@ -57,13 +57,15 @@ class LanguageModel(Experiment):
         train_rows: list[packing.PackedRows] | None = None,
         val_documents: list[list[np.ndarray]] | None = None,
         components: list[mixture.Component] | None = None,
+        chat_template: chat.ChatTemplate | None = None,
     ):
         """tokenizer: the character vocabulary of a text corpus, a token file's or a source's (data.tokenizer),
         or None for token ids without one (whose vocabulary is data.vocab_size). train_tokens, val_tokens: (N,)
         ids (memory-mapped for a token file; None for synthetic ids, packed documents and sampling). Documents
         packed by document instead: train_rows, the training rows of data.source (one) or of each of the
         mixture's components, and val_documents, the validation documents' ids (packed at each length
-        evaluated): of data.val_source or data.source (one list), or of each component."""
+        evaluated): of data.val_source or data.source (one list), or of each component. chat_template: the
+        template a supervised fine-tuning run renders conversations with (lm sample --chat, lm export)."""
         super().__init__(config, data_cache)
         self.tokenizer = tokenizer
         self.train_tokens = train_tokens
@@ -71,6 +73,7 @@ class LanguageModel(Experiment):
         self.train_rows = train_rows
         self.val_documents = val_documents
         self.components = components or []
+        self.chat_template = chat_template
         self.vocab_size = config.data.vocab_size if tokenizer is None else tokenizer.vocab_size
         self.model = GPT(gpt_config(config, self.vocab_size))
         self.units_per_example = config.data.context_length
@@ -186,10 +189,13 @@ class LanguageModel(Experiment):
         return self.tokenizer.decode(ids[0])
 
     def chat_prompt(self, text: str) -> str:
-        """text as a user's message rendered for the model's reply (lm sample --chat): a UserError here, since a
-        pretrained GPT has no chat template; supervised fine-tuning's runs have one (experiments/sft.py)."""
-        raise UserError("--chat: this run has no chat template (data.chat_template of a supervised fine-tuning "
-                        "run, configs/sft.py); leave --chat out to continue the prompt as it is")
+        """text as the user's message, rendered by the run's chat template with the assistant's turn opened
+        (lm sample --chat); a UserError for a run without one (a pretrained GPT: only supervised fine-tuning
+        runs, experiments/sft.py, have one)."""
+        if self.chat_template is None:
+            raise UserError("--chat: this run has no chat template (data.chat_template of a supervised fine-tuning "
+                            "run, configs/sft.py); leave --chat out to continue the prompt as it is")
+        return self.chat_template.render(chat.pair_messages(text, "")[:1], add_generation_prompt=True)
 
     def texts(self, params) -> dict[str, str]:
         if self.tokenizer is None:

@@ -44,8 +44,8 @@ class SFT(LanguageModel):
     def __init__(self, config: ml_collections.ConfigDict, tokenizer: bpe.BPETokenizer, template: chat.ChatTemplate,
                  train_rows: packing.PackedRows, val_rows: packing.PackedRows,
                  data_cache: run_cache.DataCache | None = None):
-        super().__init__(config, tokenizer, data_cache=data_cache, train_rows=[train_rows])
-        self.template, self.val_rows = template, val_rows
+        super().__init__(config, tokenizer, data_cache=data_cache, train_rows=[train_rows], chat_template=template)
+        self.val_rows = val_rows
 
     def train_data(self, batch_size: int, seed: int, shard: tuple[int, int], start_step: int):
         return packing.train_batches(self.train_rows[0], batch_size, seed, shard, start_step)
@@ -62,10 +62,6 @@ class SFT(LanguageModel):
         """val_answer_loss: the mean cross-entropy per assistant token of every held-out conversation."""
         batches = every_row(packing.examples(self.val_rows), self.config.eval.batch_size)
         return {"val_answer_loss": evaluate(batches)["cross_entropy"]}
-
-    def chat_prompt(self, text: str) -> str:
-        """text as the user's message, rendered by the run's chat template with the generation prompt."""
-        return self.template.render(chat.pair_messages(text, "")[:1], add_generation_prompt=True)
 
     def texts(self, params) -> dict[str, str]:
         """The sample prompt as a user message (chat_prompt) and the model's reply."""
@@ -183,5 +179,7 @@ def build(config: ml_collections.ConfigDict, workdir: pathlib.Path | None = None
 
 
 def from_workdir(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> LanguageModel:
-    """The language model of a trained run, for sampling and export: its saved tokenizer, no data."""
-    return LanguageModel(config, run_cache.load_saved(workdir / TOKENIZER_FILE, bpe.BPETokenizer.load))
+    """The language model of a trained run, for sampling and export: its saved tokenizer and its chat
+    template (data.chat_template), no data."""
+    tokenizer = run_cache.load_saved(workdir / TOKENIZER_FILE, bpe.BPETokenizer.load)
+    return LanguageModel(config, tokenizer, chat_template=chat.ChatTemplate.load(config.data.chat_template, tokenizer))

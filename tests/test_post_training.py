@@ -73,7 +73,7 @@ def test_every_assistant_token_has_weight_1_and_every_other_token_0(template, to
     built = sft.build(sft_config_for(tokenizer_path, source, messages_field="messages", chat_template=spec,
                                      context_length=256))
     tokenizer, rows = built.tokenizer, built.train_rows[0]
-    pieces = {built.template.render(c): built.template.pieces(c) for c in conversations}
+    pieces = {built.chat_template.render(c): built.chat_template.pieces(c) for c in conversations}
     weights = packing.examples(rows)["weights"]  # (R, W - 1): weight of the target at position j + 1
     seen = 0
     for row, segment in {(r, rows.segment_ids[r, c]) for r, c in zip(*np.nonzero(rows.segment_ids), strict=True)}:
@@ -258,3 +258,35 @@ def test_the_reference_is_the_starting_point_and_is_kept_for_a_resumed_run(token
     config.data.context_length = 20  # other rows
     with pytest.raises(UserError, match="holds no reference log-probabilities of these pairs"):
         dpo.build(config, tmp_path).examples("train")
+
+
+def test_an_sft_run_samples_through_its_chat_template_and_exports_it_for_transformers(tokenizer_path, tmp_path,
+                                                                                      capsys):
+    """lm sample --chat renders the prompt as the run's own samples are; lm export writes the template into
+    tokenizer_config.json, where transformers' apply_chat_template (and lm's loader of a folder) finds it."""
+    from test_cli import main_in_process
+
+    from lm.cli import export as export_cli
+    from lm.cli import sample as sample_cli
+    from lm.cli.resolve import build_experiment
+    from lm.train.loop import train
+
+    source = write_jsonl(tmp_path / "pairs.jsonl", [{"question": f"Name colour {i}.", "answer": "Blue."}
+                                                    for i in range(8)])
+    config = sft_config_for(tokenizer_path, source, chat_template="chatml")
+    config.train.update(num_steps=2, log_every=1, checkpoint_every=2)
+    config.eval.every = 2
+    workdir, folder = tmp_path / "run", tmp_path / "hf"
+    train(config, str(workdir), build_experiment, jax.devices()[:1])
+    capsys.readouterr()  # the run's output
+    sampled = main_in_process(capsys, sample_cli, f"--workdir={workdir}", "--chat", "--prompt=Say hi.",
+                              "--max_new_tokens=4", "--temperature=0")
+    assert sampled.returncode == 0, sampled.stderr[-2000:]
+    assert sampled.stdout.startswith("<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\n")
+    exported = main_in_process(capsys, export_cli, f"--workdir={workdir}", f"--out={folder}")
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    assert json.loads((folder / "tokenizer_config.json").read_text())["chat_template"] == chat.BUILT_IN["chatml"]
+    tokenizer = BPETokenizer.load(tokenizer_path)
+    for conversation in CONVERSATIONS:
+        assert (chat.ChatTemplate.load(str(folder), tokenizer).render(conversation)
+                == chat.ChatTemplate.load("chatml", tokenizer).render(conversation))

@@ -89,12 +89,13 @@ def load_model(workdir: str | None, hf: str | None, step: int | None, tokenizer:
         folder, name = pathlib.Path(hf).expanduser() / "tasks", hf
     else:
         from lm import sharding
+        from lm.hf import LANGUAGE_MODELS
         from lm.train.checkpoint import finished_steps
         from lm.train.setup import checkpoint_directory, restore_params
 
         run = pathlib.Path(workdir)
         config = load_config(run)
-        if config.experiment != "language_model":
+        if config.experiment not in LANGUAGE_MODELS:
             raise UserError(f"{run} holds a {config.experiment!r} run: --tasks scores language models")
         config.model.compute_dtype = "float32"  # (a bfloat16 run too: scored as a Hugging Face folder is)
         experiment = find_experiment(config.experiment).from_workdir(config, run)

@@ -54,7 +54,9 @@ def export_run(workdir: pathlib.Path, out: pathlib.Path, dtype: str, merge_lora:
     from lm.train.init_from import HF_PREFIX, CheckpointSource
 
     config = load_config(workdir)
-    vocab_size, tokenizer = find_experiment(config.experiment).from_workdir(config, workdir).export_vocabulary()
+    experiment = find_experiment(config.experiment).from_workdir(config, workdir)
+    vocab_size, tokenizer = experiment.export_vocabulary()
+    chat_template = getattr(experiment, "chat_template", None)  # a supervised fine-tuning run's
     source = CheckpointSource(str(workdir))
     on_host = SingleDeviceSharding(jax.devices("cpu")[0])
     params = source.load_params(jax.tree.map(lambda _: on_host, source.abstract_params()))
@@ -69,7 +71,8 @@ def export_run(workdir: pathlib.Path, out: pathlib.Path, dtype: str, merge_lora:
         return
     if merge_lora:
         params = merged(params, lora_options(config).scale)
-    architecture, files = export(config, params, vocab_size, out, dtype, tokenizer=tokenizer)
+    architecture, files = export(config, params, vocab_size, out, dtype, tokenizer=tokenizer,
+                                 chat_template=chat_template.source if chat_template else None)
     print(f"{source.description} -> {out}: {architecture} ({dtype}){' with LoRA merged' if merge_lora else ''}, "
           f"{', '.join(files)}")
 

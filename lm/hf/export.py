@@ -63,8 +63,11 @@ def hf_checkpoint(config: ml_collections.ConfigDict, params: dict, vocab_size: i
 
 def export(config: ml_collections.ConfigDict, params: dict, vocab_size: int | None, out: pathlib.Path,
            dtype: str = "float32", max_shard_bytes: int = 5 * 2**30,
-           tokenizer: WordPieceTokenizer | BPETokenizer | None = None) -> tuple[str, list[str]]:
-    """Writes the folder (and the tokenizer, given one); returns (architecture, the files written)."""
+           tokenizer: WordPieceTokenizer | BPETokenizer | None = None,
+           chat_template: str | None = None) -> tuple[str, list[str]]:
+    """Writes the folder (and the tokenizer, given one, with the Jinja chat_template of a supervised fine-tuning
+    run in its tokenizer_config.json, where transformers' apply_chat_template finds it); returns (architecture,
+    the files written)."""
     if dtype not in DTYPES:
         raise UserError(f"--dtype={dtype}: use one of {', '.join(DTYPES)}")
     hf, tensors = hf_checkpoint(config, params, vocab_size)
@@ -73,7 +76,7 @@ def export(config: ml_collections.ConfigDict, params: dict, vocab_size: int | No
     architecture = hf["architectures"][0]
     files = write_folder(out, hf, tensors, max_shard_bytes)
     if isinstance(tokenizer, BPETokenizer):
-        files += write_bpe_tokenizer(out, tokenizer, config.data.context_length)
+        files += write_bpe_tokenizer(out, tokenizer, config.data.context_length, chat_template)
     elif tokenizer is not None:
         files += ARCHITECTURES[architecture].save_tokenizer(tokenizer, config, out)
     return architecture, files

@@ -98,13 +98,17 @@ def write_folder(directory: pathlib.Path, config: dict, tensors: dict[str, np.nd
     return [CONFIG_FILE, *names, INDEX_FILE]
 
 
-def write_bpe_tokenizer(directory: pathlib.Path, tokenizer: BPETokenizer, max_length: int) -> list[str]:
+def write_bpe_tokenizer(directory: pathlib.Path, tokenizer: BPETokenizer, max_length: int,
+                        chat_template: str | None = None) -> list[str]:
     """Writes a byte-level BPE as transformers' GPT2TokenizerFast reads it: tokenizer.json (the whole pipeline)
     and tokenizer_config.json (its class; <|endoftext|> as its BOS, EOS and unknown token, as GPT-2's, where the
-    vocabulary has it; model_max_length: max_length, the model's context). Returns the files written."""
+    vocabulary has it; model_max_length: max_length, the model's context; chat_template, given one). Returns
+    the files written."""
     tokenizer.save(directory / TOKENIZER_FILE)
     special = END_OF_TEXT if tokenizer.end_of_text_id is not None else None
     settings = {"tokenizer_class": "GPT2Tokenizer", "model_max_length": max_length, "add_prefix_space": False,
                 "bos_token": special, "eos_token": special, "unk_token": special}
+    if chat_template is not None:
+        settings["chat_template"] = chat_template
     (directory / TOKENIZER_CONFIG).write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
     return [TOKENIZER_FILE, TOKENIZER_CONFIG]

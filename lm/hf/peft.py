@@ -30,6 +30,7 @@ from flax import traverse_util
 from safetensors.numpy import load_file, save_file
 
 from lm.errors import UserError
+from lm.hf import LANGUAGE_MODELS
 from lm.hf.export import hf_architecture, unrolled
 from lm.hf.mapping import Rule
 from lm.layers.lora import LoraConfig
@@ -38,7 +39,7 @@ from lm.layers.options import from_section
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PREFIX = "base_model.model."  # peft's name of the wrapped model (a ...ForCausalLM, whose names follow)
-TASK_TYPES = {"language_model": "CAUSAL_LM"}  # lm experiment -> peft's task type
+TASK_TYPES = dict.fromkeys(LANGUAGE_MODELS, "CAUSAL_LM")  # lm experiment -> peft's task type
 
 
 @dataclasses.dataclass(frozen=True)
