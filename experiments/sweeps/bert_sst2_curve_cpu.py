@@ -11,9 +11,5 @@ docs/bert.md#learning-curves-and-in-domain-pretraining.
 from experiments.sweeps import bert_curve as curve
 
 CONFIG = "configs/bert_finetune.py:sst2_tiny"
-AXES = {
-    "init_from": [curve.IN_DOMAIN],
-    "data.max_train_examples": list(curve.LABELS),
-    "seed": list(curve.SEEDS),
-}
+AXES = curve.curve_axes([curve.IN_DOMAIN])
 OVERRIDES = {**curve.finetune(f"{curve.IN_DOMAIN}/tokenizer"), "optimizer.learning_rate": 1e-3}

@@ -11,9 +11,5 @@ Spearman; docs/bert.md#learning-curves-and-in-domain-pretraining.
 from experiments.sweeps import bert_curve as curve
 
 CONFIG = "configs/bert_finetune.py:stsb_tiny"
-AXES = {
-    "init_from": [curve.STSB_IN_DOMAIN, curve.SCRATCH],
-    "data.max_train_examples": list(curve.STSB_LABELS),
-    "seed": list(curve.SEEDS),
-}
+AXES = curve.curve_axes([curve.STSB_IN_DOMAIN, curve.SCRATCH], curve.STSB_LABELS)
 OVERRIDES = {**curve.finetune(f"{curve.STSB_IN_DOMAIN}/tokenizer"), "optimizer.learning_rate": 1e-3}
