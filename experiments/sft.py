@@ -29,12 +29,14 @@ import ml_collections
 import numpy as np
 
 from experiments.language_model import TOKENIZER_FILE, LanguageModel, token_file_tokenizer
+from lm import runs
 from lm.data import bpe, chat, packing, run_cache, sources
 from lm.errors import UserError
 
 CACHED_OPTIONS = ("source", "val_source", "val_fraction", "max_records", "prompt_field", "response_field",
                   "messages_field", "chat_template", "skip_bad_records")  # what the encoded conversations depend on
 Conversation = tuple[np.ndarray, np.ndarray]  # (ids (n,) int32, the assistant's mark (n,) float32)
+TEMPLATE_FILE = "chat_template.json"  # in the run folder: the template's source, special tokens and name
 
 
 class SFT(LanguageModel):
@@ -171,6 +173,9 @@ def build(config: ml_collections.ConfigDict, workdir: pathlib.Path | None = None
     d = config.data
     tokenizer = token_file_tokenizer(d)
     template = chat.ChatTemplate.load(d.chat_template, tokenizer)
+    if workdir is not None:  # the run folder keeps its template: sampling and export need no other file
+        runs.write_json(workdir / TEMPLATE_FILE, {"name": template.name, "source": template.source,
+                                                  "special_tokens": template.special_tokens})
     cache = run_cache.DataCache(workdir)
     conversations = encoded_conversations(d, tokenizer, template, cache)
     val_option = "data.val_source" if d.val_source else f"data.source's held-out {d.val_fraction:g}"
@@ -179,7 +184,12 @@ def build(config: ml_collections.ConfigDict, workdir: pathlib.Path | None = None
 
 
 def from_workdir(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> LanguageModel:
-    """The language model of a trained run, for sampling and export: its saved tokenizer and its chat
-    template (data.chat_template), no data."""
+    """The language model of a trained run, for sampling and export: its saved tokenizer and chat template (a
+    run folder from before lm kept its template: data.chat_template, loaded again), no data."""
     tokenizer = run_cache.load_saved(workdir / TOKENIZER_FILE, bpe.BPETokenizer.load)
-    return LanguageModel(config, tokenizer, chat_template=chat.ChatTemplate.load(config.data.chat_template, tokenizer))
+    if (workdir / TEMPLATE_FILE).is_file():
+        saved = runs.read_json(workdir / TEMPLATE_FILE, "delete it to load data.chat_template again")
+        template = chat.ChatTemplate(saved["source"], saved["special_tokens"], saved["name"])
+    else:
+        template = chat.ChatTemplate.load(config.data.chat_template, tokenizer)
+    return LanguageModel(config, tokenizer, chat_template=template)

@@ -279,6 +279,8 @@ def test_an_sft_run_samples_through_its_chat_template_and_exports_it_for_transfo
     workdir, folder = tmp_path / "run", tmp_path / "hf"
     train(config, str(workdir), build_experiment, jax.devices()[:1])
     capsys.readouterr()  # the run's output
+    config.data.chat_template = str(tmp_path / "moved")  # the run folder holds its template: none is read again
+    (workdir / "config.json").write_text(config.to_json())
     sampled = main_in_process(capsys, sample_cli, f"--workdir={workdir}", "--chat", "--prompt=Say hi.",
                               "--max_new_tokens=4", "--temperature=0")
     assert sampled.returncode == 0, sampled.stderr[-2000:]
