@@ -49,6 +49,14 @@ class SFT(LanguageModel):
         super().__init__(config, tokenizer, data_cache=data_cache, train_rows=[train_rows], chat_template=template)
         self.val_rows = val_rows
 
+    def save_assets(self, workdir: pathlib.Path) -> None:
+        """The language model's, and the chat template (TEMPLATE_FILE): sampling and export read it there, not
+        data.chat_template's file, which may have moved or changed since."""
+        super().save_assets(workdir)
+        template = self.chat_template
+        runs.write_json(workdir / TEMPLATE_FILE, {"name": template.name, "source": template.source,
+                                                  "special_tokens": template.special_tokens})
+
     def train_data(self, batch_size: int, seed: int, shard: tuple[int, int], start_step: int):
         return packing.train_batches(self.train_rows[0], batch_size, seed, shard, start_step)
 
@@ -173,9 +181,6 @@ def build(config: ml_collections.ConfigDict, workdir: pathlib.Path | None = None
     d = config.data
     tokenizer = token_file_tokenizer(d)
     template = chat.ChatTemplate.load(d.chat_template, tokenizer)
-    if workdir is not None:  # the run folder keeps its template: sampling and export need no other file
-        runs.write_json(workdir / TEMPLATE_FILE, {"name": template.name, "source": template.source,
-                                                  "special_tokens": template.special_tokens})
     cache = run_cache.DataCache(workdir)
     conversations = encoded_conversations(d, tokenizer, template, cache)
     val_option = "data.val_source" if d.val_source else f"data.source's held-out {d.val_fraction:g}"
