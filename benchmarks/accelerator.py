@@ -9,8 +9,9 @@
 Per row (a config and its overrides), one process, one after another:
   step alone   the train step as the trainer builds it (lm.train.loop: mesh, shardings, donated state,
                train.steps_per_dispatch) run over a few batches already on the devices, every batch
-               shape compiled first (timed: the cold compile, persistent cache empty); the median of
-               --rounds rounds of the mean step time; units (tokens, images) per second, MFU (model
+               shape compiled first, in parallel as the trainer does (timed: the cold compile, persistent
+               cache empty); the median of --rounds rounds of the mean step time; units (tokens,
+               images) per second, MFU (model
                FLOPs 6N + attention over the devices' dense bf16 peak; none on a CPU, whose peak is
                not known: lm.train.flops), the step's memory per device (XLA's analysis, the largest over the shapes).
   trainer      `lm train`'s train() (lm.train.loop) on a fresh workdir for the row's steps (data pipeline, prefetch,
@@ -101,7 +102,7 @@ def step_alone(config, steps: int, rounds: int, profile: pathlib.Path | None = N
     from lm import sharding
     from lm.cli.resolve import build_experiment
     from lm.layers.moe import parameter_counts
-    from lm.train.compiled import CompiledPerShape
+    from lm.train.compiled import CompiledPerShape, compile_in_parallel
     from lm.train.profile import trace_written
     from lm.train.setup import build
 
@@ -115,6 +116,7 @@ def step_alone(config, steps: int, rounds: int, profile: pathlib.Path | None = N
         batches = [sharding.assemble_batch(next(pipeline), mesh, config.train.batch_size) for _ in range(steps)]
         groups = [tuple(batches[i : i + per_call]) for i in range(0, steps, per_call)]
         train_step = CompiledPerShape(setup.jit_train_step(shardings))
+        compile_in_parallel([(train_step, state, group) for group in groups])  # every shape at once, as the trainer
         seconds = []
         for round_index in range(rounds + 1):  # round 0 compiles and warms up
             start = time.perf_counter()
