@@ -147,7 +147,7 @@ def decay_mask(params):
 def is_matrix(names: tuple[str, ...], ndim: int) -> bool:
     """Whether the parameter at names is a matrix (a kernel or an embedding): two axes or more besides the
     stacked ones, and no bias (an attention projection's bias has two: heads x head size)."""
-    return ndim - stacked_axes(names) >= 2 and names[-1] != "bias"
+    return ndim - stacked_axes(names) >= 2 and names[-1:] != ("bias",)
 
 
 def trainable(params):
@@ -244,7 +244,7 @@ def logged_learning_rates(cfg) -> dict[str, optax.Schedule]:
     """The learning rates a train step logs, by metric name: learning_rate, and Muon's own
     (muon_learning_rate) where Muon updates the matrices."""
     rates = {"learning_rate": learning_rate_schedule(cfg)}
-    if cfg.name == "muon":
+    if cfg.get("name", "adamw") == "muon":  # (runs saved before optimizer.name have none: AdamW)
         rates["muon_learning_rate"] = muon_learning_rate_schedule(cfg)
     return rates
 
