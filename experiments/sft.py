@@ -193,7 +193,11 @@ def from_workdir(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> La
     run folder from before lm kept its template: data.chat_template, loaded again), no data."""
     tokenizer = run_cache.load_saved(workdir / TOKENIZER_FILE, bpe.BPETokenizer.load)
     if (workdir / TEMPLATE_FILE).is_file():
-        saved = runs.read_json(workdir / TEMPLATE_FILE, "delete it to load data.chat_template again")
+        remedy = "delete it to load data.chat_template again"
+        saved = runs.read_json(workdir / TEMPLATE_FILE, remedy)
+        if not {"source", "special_tokens", "name"} <= saved.keys():
+            raise UserError(f"{workdir / TEMPLATE_FILE} is damaged (it lacks the template's source, special tokens "
+                            f"or name): {remedy}")
         template = chat.ChatTemplate(saved["source"], saved["special_tokens"], saved["name"])
     else:
         template = chat.ChatTemplate.load(config.data.chat_template, tokenizer)
