@@ -16,7 +16,7 @@ def test_sigkill_at_random_moments_loses_nothing(tmp_path, data_dir):
     overrides = packed_source_overrides(data_dir, tmp_path)
     env = subprocess_env()  # one CPU device, as a user has
     result = subprocess.run(
-        [sys.executable, "benchmarks/crash_resume.py", "--kills=1", "--steps=40", "--checkpoint_every=2",
+        [sys.executable, "benchmarks/crash_resume.py", "--kills=1", "--steps=24", "--checkpoint_every=2",
          "--window=0.4", "--seed=1", f"--workdir={tmp_path}", "--config=configs/gpt2.py:test",
          *(f"--set={key}={value}" for key, value in overrides.items())],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
