@@ -10,10 +10,10 @@ Per row (a config and its overrides), one process, one after another:
   step alone   the train step as the trainer builds it (lm.train.loop: mesh, shardings, donated state,
                train.steps_per_dispatch) run over a few batches already on the devices, every batch
                shape compiled first, in parallel as the trainer does (timed: the cold compile, persistent
-               cache empty); the median of --rounds rounds of the mean step time; units (tokens,
-               images) per second, MFU (model
-               FLOPs 6N + attention over the devices' dense bf16 peak; none on a CPU, whose peak is
-               not known: lm.train.flops), the step's memory per device (XLA's analysis, the largest over the shapes).
+               cache empty); the median of --rounds rounds of the mean step time; units (tokens, images)
+               per second, MFU (model FLOPs 6N + attention over the devices' dense bf16 peak; none on a
+               CPU, whose peak is not known: lm.train.flops), the step's memory per device (XLA's
+               analysis, the largest over the shapes).
   trainer      `lm train`'s train() (lm.train.loop) on a fresh workdir for the row's steps (data pipeline, prefetch,
                logging, one eval and one checkpoint at the end; no sampling or test decoding): its
                logged units/s (median over log intervals, the first left out), the compile seconds it
@@ -39,6 +39,7 @@ import time
 
 from absl import app, flags, logging
 
+from lm import runs
 from lm.cpu import keep_freed_memory
 from lm.errors import UserError, run_user_errors
 
@@ -207,7 +208,7 @@ def benchmark() -> None:
                 results[name] = {"config": spec, "overrides": overrides, "error": f"{type(e).__name__}: {e}"}
             results[name]["row_wall_seconds"] = time.perf_counter() - row_start
             print(f"row {row_line(name, results[name])}  ({results[name]['row_wall_seconds']:.0f} s)", flush=True)
-            path.write_text(json.dumps({**header, "rows": results}, indent=2))  # a run cut short keeps its rows
+            runs.write_json(path, {**header, "rows": results})  # whole after each row: a run cut short keeps its rows
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
