@@ -17,7 +17,7 @@ Variants (pick one after the colon); sizes from lm/models/bert.py BERT_SIZES (la
          As it is, on one core of the CPU: 1,560-1,790 tokens/s, 2000 steps (8.2M tokens) in ~83 min; held-out
          masked-LM loss 10.36 -> 6.22 (step 1000) -> 6.11 (step 2000), accuracy 13.7%, NSP accuracy 91.0%
          (docs/bert.md). It keeps its 4 checkpoints (500-2000): the pretrained-vs-scratch study's sweeps
-         (experiments/sweeps/bert_*_cpu.py) start from steps 1000 and 2000.
+         (experiments/studies/bert_*/bert_*_cpu.py) start from steps 1000 and 2000.
   small  4 / 512 / 8 (BERT-Small), batch 128; not yet run.
          lm train --config=configs/bert.py:small --workdir=runs/bert_small
   base   12 / 768 / 12 (BERT-Base, 110M parameters), batch 256, for an accelerator; not yet run.

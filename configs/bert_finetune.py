@@ -13,7 +13,7 @@ init_from run's (data.vocab=""), else bert-base-uncased (mini and up pretrain wi
              --config.optimizer.decay_steps=300 --config.optimizer.warmup_steps=30 --config.eval.every=100):
              dev accuracy 0.551 / 0.653 / 0.714 at steps 100 / 200 / 300, 13.7 min wall on the 2-core CPU
              shared with other jobs (load average ~11; 4.6 CPU-min). Pretrained vs scratch at a CPU budget
-             (experiments/sweeps/bert_sst2_cpu.py, 400 steps, 3 seeds): docs/bert.md#pretrained-vs-scratch.
+             (experiments/studies/bert_sst2/bert_sst2_cpu.py, 400 steps, 3 seeds): docs/bert.md#pretrained-vs-scratch.
   conll2003  NER, rows of 128, batch 32, 1500 steps (~3.4 epochs), lr 1e-4; valid and test entity F1.
              lm train --config=configs/bert_finetune.py:conll2003 --workdir=runs/conll2003 \
                  --config.init_from=runs/bert_mini
@@ -23,7 +23,7 @@ init_from run's (data.vocab=""), else bert-base-uncased (mini and up pretrain wi
              lm train --config=configs/bert_finetune.py:squad --workdir=runs/squad \
                  --config.init_from=runs/bert_mini
              Meant for an accelerator (384-piece rows). At a CPU budget, pretrained vs scratch (rows of 128,
-             400 steps; experiments/sweeps/bert_squad_cpu.py): docs/bert.md#pretrained-vs-scratch.
+             400 steps; experiments/studies/bert_squad/bert_squad_cpu.py): docs/bert.md#pretrained-vs-scratch.
   stsb       sentence-pair regression, rows of 128, batch 32, 540 steps (3 epochs), lr 1e-4; Pearson and
              Spearman on dev and test.
              lm train --config=configs/bert_finetune.py:stsb --workdir=runs/stsb \
@@ -32,7 +32,7 @@ init_from run's (data.vocab=""), else bert-base-uncased (mini and up pretrain wi
   TASK_tiny  the tiny encoder (2 / 64 / 2, max 64 positions), 64-piece rows, 256 training examples (drawn
              with the seed) and the first 64 dev/test examples (SQuAD: questions), 10 steps: seconds, for tests.
              sst2_tiny with 250 to all 67,349 labels, pretrained four ways against scratch, 300 steps, 3 seeds
-             (experiments/sweeps/bert_sst2_curve_cpu*.py): docs/bert.md#learning-curves-and-in-domain-pretraining.
+             (experiments/studies/bert_sst2_curve/): docs/bert.md#learning-curves-and-in-domain-pretraining.
              Pretrain the tiny encoder first (its own 1000-piece vocabulary, which the fine-tune then reads from the
              run):
              lm train --config=configs/bert.py:tiny --workdir=/tmp/bert_tiny

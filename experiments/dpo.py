@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from experiments.language_model import TOKENIZER_FILE, LanguageModel, token_file_tokenizer
+from experiments.language_model import TOKENIZER_FILE, LanguageModel, post_training_data
 from experiments.sft import every_row
 from lm import sharding
 from lm.data import bpe, packing, run_cache, sources
@@ -281,8 +281,8 @@ def load_reference(workdir: pathlib.Path | None, key: str) -> dict[str, np.ndarr
 def build(config: ml_collections.ConfigDict, workdir: pathlib.Path | None = None) -> DPO:
     """The pairs of data.source (and of data.val_source, or else the last data.val_fraction of source's) read,
     checked, tokenised (cached in the run folder) and laid into rows."""
+    config, tokenizer = post_training_data(config)  # (the run's config: init_from's tokenizer, its vocabulary)
     d = config.data
-    tokenizer = token_file_tokenizer(d)
     cache = run_cache.DataCache(workdir)
     key = run_cache.digest({name: d[name] for name in d.keys() if name != "context_length"},
                            tokenizer.tokenizer.to_str())  # what the tokenised pairs depend on

@@ -12,12 +12,14 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from lm import runs
 from lm.data import bpe, chat, mixture, packing, run_cache, sources, text, token_shards, tokens
 from lm.decode.generate import generate
 from lm.errors import UserError
 from lm.eval.benchmarks import benchmark_evaluators, parse_benchmarks
 from lm.eval.scoring import Scorer, gpt_apply
 from lm.eval.tasks import check_data
+from lm.layers.options import declared_copy, description, left_at_default
 from lm.losses import cross_entropy_and_logsumexp, masked_mean, moe_objective
 from lm.models.config import transformer_config
 from lm.models.gpt import GPT, GPTConfig, flops_per_token
@@ -27,7 +29,14 @@ TOKENIZER_FILE = "tokenizer.json"
 TOKEN_SOURCES = ("token_file", "synthetic")  # data.dataset values that give token ids (a tokenizer optional)
 SOURCE = "source"  # data.dataset: the documents of data.source, tokenised with data.tokenizer
 SOURCE_OPTIONS = ("source", "mixture", "val_source", "val_fraction", "text_field", "skip_bad_records")  # the documents
-GPT2_TOKENIZER = "gpt2"  # data.tokenizer: GPT-2's own (lm/data/bpe.py from_gpt2)
+DATASET_OPTIONS = {  # the data keys (besides dataset) each dataset of configs/base.py token_file_data reads
+    "token_file": ("train_file", "val_file", "token_dtype", "tokenizer", "vocab_size", "context_length"),
+    "synthetic": ("vocab_size", "context_length"),
+    SOURCE: (*SOURCE_OPTIONS, "packing", "tokenizer", "vocab_size", "context_length"),
+}
+TEXT_OPTIONS = ("context_length", "train_fraction")  # what a text corpus (text_data) reads
+GPT2_TOKENIZER = "gpt2"  # data.tokenizer: GPT-2's own (lm/data/bpe.py from_gpt2), a source's default
+GPT2_VOCAB_SIZE = 50257  # GPT-2's BPE: data.vocab_size 0 for ids without a tokenizer
 ENCODE_BATCH = 4096  # documents a tokenizer call encodes (in parallel)
 TOKENIZER_FORMAT = "a tokenizer.json as lm prepare writes it"
 
@@ -198,9 +207,9 @@ class LanguageModel(Experiment):
         return self.chat_template.render(chat.pair_messages(text, "")[:1], add_generation_prompt=True)
 
     def texts(self, params) -> dict[str, str]:
-        if self.tokenizer is None:
-            return {}  # token ids: no text to show
         s = self.config.sample
+        if self.tokenizer is None or not s.max_new_tokens:
+            return {}  # token ids: no text to show; or no sample asked for
         return {"sample": self.sample(params, s.prompt, s.max_new_tokens, s.temperature, s.top_k)}
 
     def final_results(self, params, evaluate, workdir: pathlib.Path) -> dict[str, float]:
@@ -229,42 +238,96 @@ class LanguageModel(Experiment):
 
 
 def build(config: ml_collections.ConfigDict, workdir: pathlib.Path | None = None) -> LanguageModel:
-    """By data.dataset: a text corpus (tinyshakespeare) is read, its character vocabulary fitted and
-    split train/val (text_ids); a token file memory-maps data.train_file and data.val_file
-    (data.token_dtype ids, each < data.vocab_size), with data.tokenizer's tokenizer when set (its
-    vocabulary must be data.vocab_size); a source's documents are read and tokenised (source_experiment);
-    synthetic reads nothing (random ids < data.vocab_size)."""
+    """By data.dataset (a data.source or data.mixture selects source over token_file: run_data): a text corpus
+    (tinyshakespeare) is read, its character vocabulary fitted and split train/val (text_ids); a token file
+    memory-maps data.train_file and data.val_file (data.token_dtype ids, each < data.vocab_size), with
+    data.tokenizer's tokenizer when set (its vocabulary is data.vocab_size's); a source's documents are read and
+    tokenised (source_experiment); synthetic reads nothing (random ids < data.vocab_size). The experiment's
+    config is run_data's copy of config, its vocabulary size filled in (the trainer runs with it)."""
+    config = run_data(config)
     d = config.data
-    if d.get("tokenizer") and d.dataset not in ("token_file", SOURCE):
-        raise UserError(f"data.tokenizer is for data.dataset='token_file' (the ids it wrote) or 'source' (to encode "
-                        f"its documents), not {d.dataset!r}: drop data.tokenizer")
     check_benchmarks(config)
     if d.dataset in text.DATASETS:
         cache = run_cache.DataCache(workdir)
         tokenizer, ids = text_ids(config, workdir, cache)
-        encode_prompt(tokenizer, config.sample.prompt, "--config.sample.prompt")
+        check_sample_prompt(tokenizer, config)
         return LanguageModel(config, tokenizer, *text.split_tokens(ids, d.train_fraction), data_cache=cache)
     if d.dataset not in (*TOKEN_SOURCES, SOURCE):
         raise UserError(f"data.dataset={d.dataset!r}: use one of {', '.join([*text.DATASETS, *TOKEN_SOURCES, SOURCE])}")
     vocab_size = d.get("vocab_size")
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 0:
         raise UserError(f"data.dataset={d.dataset!r} needs data.vocab_size, the model's vocabulary (a positive "
-                        f"int, e.g. 50257 for GPT-2 BPE), not {vocab_size!r}")
+                        f"int, e.g. 50257 for GPT-2 BPE, or 0: data.tokenizer's), not {vocab_size!r}")
+    if d.dataset == "synthetic" or (d.dataset == "token_file" and not d.get("tokenizer")):
+        d.vocab_size = d.vocab_size or GPT2_VOCAB_SIZE  # ids without a tokenizer
     if d.dataset == "synthetic":
         return LanguageModel(config, None)
     if d.dataset == SOURCE:
         return source_experiment(config, workdir)
     tokenizer = token_file_tokenizer(d) if d.get("tokenizer") else None
     if tokenizer is not None:
-        encode_prompt(tokenizer, config.sample.prompt, "--config.sample.prompt")
+        check_sample_prompt(tokenizer, config)
     opened = []
     for field in ("train_file", "val_file"):
         if not d.get(field):
             raise UserError(f"data.dataset='token_file' needs data.{field}: a file of token ids, absolute or "
                             "relative to $LM_DATA_DIR")
         opened.append(tokens.open_tokens(d[field], d.get("token_dtype", "uint16"), d.context_length,
-                                         vocab_size, f"data.{field}"))
+                                         d.vocab_size, f"data.{field}"))
     return LanguageModel(config, tokenizer, *opened)
+
+
+def run_data(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """A copy of config (config itself is left alone) with its data section as the run reads it: a data.source or
+    data.mixture selects data.dataset=source where data.dataset is token_file; a key the chosen dataset does not
+    read (DATASET_OPTIONS), set away from its declared default, is a UserError; init_from=RUN gives what
+    from_init_run takes; a source's tokenizer is GPT-2's unless data.tokenizer names one."""
+    config = declared_copy(config)
+    d = config.data
+    if d.dataset == "token_file" and (d.get("source") or d.get("mixture")):
+        d.dataset = SOURCE
+    reads = DATASET_OPTIONS.get(d.dataset, TEXT_OPTIONS)
+    for key in d:
+        if key not in ("dataset", *reads) and description(d, key) is not None and not left_at_default(d, key):
+            readers = " or ".join(name for name, keys in DATASET_OPTIONS.items() if key in keys)
+            raise UserError(f"data.{key}={d[key]!r} is not read by data.dataset={d.dataset!r}: drop it"
+                            + (f" (it is for data.dataset={readers})" if readers else ""))
+    from_init_run(config, reads)
+    if d.dataset == SOURCE and not d.get("tokenizer"):
+        d.tokenizer = GPT2_TOKENIZER
+    return config
+
+
+def from_init_run(config: ml_collections.ConfigDict, reads: tuple[str, ...] = ("tokenizer", "context_length")) -> None:
+    """With init_from=RUN (an lm run of a GPT: its folder, checkpoints or one step), the run's data.tokenizer (its
+    copy in the run folder, or gpt2) and data.context_length, each where config leaves it at its declared default
+    and reads it (reads: the data keys config's dataset reads); printed. Nothing for hf:DIR or a run without a
+    config.json."""
+    location, d = config.get("init_from", ""), config.data
+    folder = runs.run_folder(location) if location and not location.startswith("hf:") else None
+    if folder is None:
+        return
+    there = runs.read_json(folder / runs.CONFIG_FILE, runs.CONFIG_REMEDY).get("data", {})
+    taken = {}
+    if (there.get("tokenizer") and "tokenizer" in reads and left_at_default(d, "tokenizer")
+            and (folder / TOKENIZER_FILE).is_file()):
+        taken["tokenizer"] = GPT2_TOKENIZER if there["tokenizer"] == GPT2_TOKENIZER else str(folder / TOKENIZER_FILE)
+    if isinstance(there.get("context_length"), int) and "context_length" in reads and left_at_default(
+            d, "context_length"):
+        taken["context_length"] = there["context_length"]
+    taken = {key: value for key, value in taken.items() if d[key] != value}
+    if taken:
+        d.update(taken)
+        print(f"init_from={location}: " + ", ".join(f"data.{key}={value}" for key, value in taken.items())
+              + " (the run's: set them to override)")
+
+
+def post_training_data(config: ml_collections.ConfigDict) -> tuple[ml_collections.ConfigDict, bpe.BPETokenizer]:
+    """The start of a post-training run's build (SFT, DPO): a copy of config with what init_from=RUN gives
+    (from_init_run) and data.vocab_size its tokenizer's, and that tokenizer."""
+    config = declared_copy(config)
+    from_init_run(config)
+    return config, token_file_tokenizer(config.data)
 
 
 def check_benchmarks(config: ml_collections.ConfigDict) -> None:
@@ -307,11 +370,8 @@ def source_experiment(config: ml_collections.ConfigDict, workdir: pathlib.Path |
     if components and d.packing != "documents":
         raise UserError(f"data.mixture draws whole packed rows from its sources: it needs data.packing=documents, "
                         f"not {d.packing!r}")
-    if not d.tokenizer:
-        raise UserError(f"data.dataset='source' needs data.tokenizer, the tokenizer to encode the documents with: "
-                        f"{GPT2_TOKENIZER} (GPT-2's own) or the path of {TOKENIZER_FORMAT}")
     tokenizer = token_file_tokenizer(d)
-    encode_prompt(tokenizer, config.sample.prompt, "--config.sample.prompt")
+    check_sample_prompt(tokenizer, config)
     cache = run_cache.DataCache(workdir)
     specs = [(d.source, "data.source")] if d.source else [(c.spec, f"data.mixture's {c.spec}") for c in components]
     train, val = source_documents(d, specs, tokenizer, cache)
@@ -415,15 +475,24 @@ def unflatten(ids: np.ndarray, offsets: np.ndarray) -> list[np.ndarray]:
 
 
 def token_file_tokenizer(data: ml_collections.ConfigDict) -> bpe.BPETokenizer:
-    """data.tokenizer's tokenizer (gpt2: GPT-2's own); UserError if its vocabulary is not data.vocab_size."""
+    """data.tokenizer's tokenizer (gpt2: GPT-2's own); data.vocab_size 0 is set to its vocabulary, another size
+    than its is a UserError."""
     if data.tokenizer == GPT2_TOKENIZER:
         tokenizer = bpe.BPETokenizer.from_gpt2()
     else:
         tokenizer = bpe.BPETokenizer.load(tokens.find_token_file(data.tokenizer, "data.tokenizer", TOKENIZER_FORMAT))
+    data.vocab_size = data.vocab_size or tokenizer.vocab_size
     if tokenizer.vocab_size != data.vocab_size:
         raise UserError(f"data.vocab_size={data.vocab_size} but data.tokenizer={data.tokenizer} has "
                         f"{tokenizer.vocab_size} ids: set --config.data.vocab_size={tokenizer.vocab_size}")
     return tokenizer
+
+
+def check_sample_prompt(tokenizer: text.CharTokenizer | bpe.BPETokenizer, config: ml_collections.ConfigDict) -> None:
+    """config.sample.prompt, checked before step 1 (encode_prompt) where the run samples after training: not with
+    sample.max_new_tokens=0, which samples nothing."""
+    if config.sample.max_new_tokens:
+        encode_prompt(tokenizer, config.sample.prompt, "--config.sample.prompt")
 
 
 def encode_prompt(tokenizer: text.CharTokenizer | bpe.BPETokenizer, prompt: str, option: str) -> np.ndarray:

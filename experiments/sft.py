@@ -28,7 +28,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from experiments.language_model import TOKENIZER_FILE, LanguageModel, token_file_tokenizer
+from experiments.language_model import TOKENIZER_FILE, LanguageModel, post_training_data
 from lm import runs
 from lm.data import bpe, chat, packing, run_cache, sources
 from lm.errors import UserError
@@ -178,8 +178,8 @@ def packed(conversations: list[Conversation], data: ml_collections.ConfigDict, o
 
 
 def build(config: ml_collections.ConfigDict, workdir: pathlib.Path | None = None) -> SFT:
+    config, tokenizer = post_training_data(config)  # (the run's config: init_from's tokenizer, its vocabulary)
     d = config.data
-    tokenizer = token_file_tokenizer(d)
     template = chat.ChatTemplate.load(d.chat_template, tokenizer)
     cache = run_cache.DataCache(workdir)
     conversations = encoded_conversations(d, tokenizer, template, cache)

@@ -21,7 +21,7 @@ LAYERS = (
     ("lm.train.experiment", "lm.train.options", "lm.eval.benchmarks"),
     ("experiments",),
     ("lm.train", "lm.eval"),
-    ("lm.cli", "lm.__main__", "experiments.sweeps", "experiments.analysis"),
+    ("lm.cli", "lm.__main__", "experiments.studies", "experiments.analysis"),
 )
 
 
@@ -37,7 +37,7 @@ def layer(module: str) -> int:
 
 
 def project_modules() -> dict[str, pathlib.Path]:
-    """Every module of lm/ and experiments/ (results folders hold no code), by dotted name."""
+    """Every module of lm/ and experiments/ (the studies' sweep files too), by dotted name."""
     modules = {}
     for path in [*REPO.glob("lm/**/*.py"), *REPO.glob("experiments/**/*.py")]:
         name = ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")

@@ -126,6 +126,8 @@ def test_finished_arms_are_skipped_and_the_others_run(tmp_path):
     sweep.run_sweep(TEST_CONFIG, {"seed": ["0", "1", "2", "3", "4"]}, {"train.num_steps": "4"}, workdir,
                     runner=runner)
     assert [call[2] for call in runner.calls] == ["seed=3", "seed=4"]  # the failed and the interrupted arm
+    assert sweep.result_line(arms, workdir).startswith(f"done: 5 arms in {workdir} (3 finished, 1 failed, 1 "
+                                                       "interrupted; sweep.json and a folder each); compare them")
 
 
 def make_arms(tmp_path, statuses: list[str], num_steps: int = 100) -> list[sweep.Arm]:
@@ -169,13 +171,16 @@ def test_a_sweep_prints_arm_i_of_n_and_progress_lines_while_arms_run(tmp_path, c
                 log.write(json.dumps({"step": step, "loss": 3.0 / step, "steps_per_second": 10.0}) + "\n")
             time.sleep(0.3)
         (workdir / "results.json").write_text(json.dumps({"step": 2}))
+        (workdir / "summary.json").write_text(json.dumps({"step": 2, "eval_loss": 2.0 + int(overrides["seed"]) / 2}))
         return 0
 
     sweep.run_sweep(TEST_CONFIG, {"seed": ["0", "1"]}, {"train.num_steps": "2"}, tmp_path / "sweep",
                     runner=slow_runner, progress_every=0.05)
     lines = capsys.readouterr().out.splitlines()
     assert lines[1] == "start arm 1 of 2: seed=0"
-    assert re.fullmatch(r"finished arm 2 of 2: seed=1 in 0:00:0\d", lines[-1])
+    assert re.fullmatch(r"finished arm 2 of 2: seed=1 in 0:00:0\d", lines[-2])
+    assert lines[-1] == (f"done: 2 arms in {tmp_path / 'sweep'} (2 finished; sweep.json and a folder each); lowest "
+                         f"eval loss 2.0000 (seed=0); compare them with lm compare {tmp_path / 'sweep'}")
     progress = [line for line in lines if line.startswith("sweep: ")]
     assert re.fullmatch(r"sweep: 0 of 2 arms done \| arm 1 seed=0 step ([12])/2 loss (3\.0000|1\.5000) \| ETA 0:00:0\d",
                         progress[0])
@@ -194,14 +199,13 @@ def test_sweep_file(tmp_path):
         sweep.load_sweep_file(str(file))
 
 
-NOT_SWEEP_FILES = ("__init__", "bert_budget", "bert_curve")  # what the sweep files import
-SWEEP_FILES = sorted(path.stem for path in (REPO / "experiments" / "sweeps").glob("*.py")
-                     if path.stem not in NOT_SWEEP_FILES)
+SWEEP_FILES = sorted(str(path.relative_to(REPO)) for path in (REPO / "experiments" / "studies").glob("*/*.py")
+                     if path.stem != "__init__")  # a study's sweep files; bert_budget.py and the like sit above
 
 
 @pytest.mark.parametrize("name", SWEEP_FILES)
 def test_the_ablation_sweep_files_are_valid(tmp_path, name):
-    spec, axes, overrides = sweep.load_sweep_file(str(REPO / "experiments" / "sweeps" / f"{name}.py"))
+    spec, axes, overrides = sweep.load_sweep_file(str(REPO / name))
     arms = sweep.plan_sweep(spec, axes, overrides, tmp_path)
     assert axes["seed"] == [str(seed) for seed in range(len(axes["seed"]))]  # 0, 1, 2, ...: 3 to compare, 1 to search
     assert len(arms) == math.prod(len(v) for v in axes.values()) >= 3
@@ -293,7 +297,7 @@ def test_results_json_scores_get_a_column_each(tmp_path):
                         "| 800 / 1,000 | 0/2 |")
 
 
-def test_a_final_score_against_a_numeric_config_key_is_a_curve_per_group(tmp_path):
+def test_a_final_score_against_a_numeric_config_key_is_a_curve_per_group(tmp_path, capsys):
     """--against=data.max_train_examples (a learning curve): the table splits the groups by it, the plot draws each
     group's final score (results.json) against it, mean and min-max over seeds; a key that is no number is refused."""
     finals = {"pre": {250: [0.7, 0.8], 1000: [0.9, 0.9]}, "": {250: [0.5, 0.6], 1000: [0.8, 0.9]}}
@@ -310,6 +314,8 @@ def test_a_final_score_against_a_numeric_config_key_is_a_curve_per_group(tmp_pat
     np.testing.assert_allclose(stats["init_from=pre,data.max_train_examples=250"]["results"]["dev_accuracy"],
                                (0.75, np.std([0.7, 0.8], ddof=1)))
     assert len(stats) == 4 and (out / "dev_accuracy_by_data.max_train_examples.png").stat().st_size > 0
+    assert capsys.readouterr().out.splitlines()[-1].endswith(
+        f"plots in {out}: train_loss.png, val_loss.png, dev_accuracy.png, dev_accuracy_by_data.max_train_examples.png")
     groups = compare.group_runs(compare.find_runs(tmp_path / "runs"), ["init_from"])
     counts, mean, low, high = compare.curve_against(groups["init_from=pre"], "dev_accuracy", "data.max_train_examples")
     np.testing.assert_allclose(np.stack([counts, mean, low, high]), [[250, 1000], [0.75, 0.9], [0.7, 0.9], [0.8, 0.9]])
@@ -335,6 +341,8 @@ def test_report_and_plots_are_written(synthetic_runs, tmp_path):
     assert result.returncode == 0, result.stderr
     assert ("| model.norm=layer | 3 | 2.2000 ± 0.2000 | 1.9000 ± 0.4000 | 16.00 | - | 800 / 1,000 | 0/3 |"
             in result.stdout)
+    assert result.stdout.splitlines()[-1] == (f"done: the report in {out / 'report.md'}; plots in {out}: "
+                                              "train_loss.png, val_loss.png")
     report = (out / "report.md").read_text()
     assert "| model.norm=rms | 3 |" in report and "2/3 |" in report and "`elsewhere/copied`" in report
     from matplotlib.image import imread

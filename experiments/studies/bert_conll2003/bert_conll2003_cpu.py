@@ -1,0 +1,16 @@
+"""The CPU budget of bert_conll2003.py: BERT-Mini fine-tuned on CoNLL-2003 NER (valid and test entity
+F1) from the pretrained encoder halfway (step 1000) and finished (step 2000) and from random initialisation, 3 seeds
+each, 400 steps of 32 rows of 64 pieces, so the nine runs fit a 2-core machine; docs/bert.md#pretrained-vs-scratch has
+the figures.
+
+  lm train --config=configs/bert.py:mini --workdir=runs/bert_mini   # the encoder first (it keeps
+  # its checkpoints of steps 500-2000: the pretrained arms start from step 1000, halfway, and 2000, finished)
+  lm sweep --sweep_file=experiments/studies/bert_conll2003/bert_conll2003_cpu.py --workdir=runs/bert_conll2003_cpu
+  lm compare runs/bert_conll2003_cpu --group_by=init_from
+"""
+
+from experiments.studies import bert_budget as budget
+
+CONFIG = budget.config("conll2003")
+AXES = budget.pretrained_vs_scratch(budget.HALFWAY, budget.FINISHED)
+OVERRIDES = budget.cpu_budget(400)

@@ -1,0 +1,1 @@
+"""The mlp_kind study: its sweep files (README.md has the question, the commands and the result)."""

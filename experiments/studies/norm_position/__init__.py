@@ -1,0 +1,1 @@
+"""The norm_position study: its sweep files (README.md has the question, the commands and the result)."""

@@ -1,0 +1,1 @@
+"""The positions study: its sweep files (README.md has the question, the commands and the result)."""

@@ -1,0 +1,1 @@
+"""The stability study: its sweep files (README.md has the question, the commands and the result)."""
