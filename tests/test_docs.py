@@ -1,16 +1,24 @@
-"""The commands of README.md and docs/*.md run as written, in a cheap mode: every `lm <command> ...` (or
-`python -m lm ...`) line of their code blocks names a command that exists and only flags that command
-defines; an `lm train` or `lm sweep` line's config loads with its --config.* overrides, and a sweep's
+"""The commands of README.md and of docs/ (its pages at any depth) run as written, in a cheap mode: every
+`lm <command> ...` (or `python -m lm ...`) line of their code blocks names a command that exists and only flags
+that command defines; an `lm train` or `lm sweep` line's config loads with its --config.* overrides, and a sweep's
 arms (its --sweep axes or --sweep_file) check out, as they do before anything trains
 (lm.cli.overrides.resolve_config, lm.cli.sweep.plan_sweep); a `python <file>.py` line names a file that
 exists; a `pip install -e ".[extra]"` names extras pyproject.toml defines. Data paths, run folders and
 hf:DIR need not exist, and a usage line's placeholders (--text=FILE) pass: flag names are checked, the
-values of flags other than --config.* and --sweep* are not. Nothing is trained or compiled."""
+values of flags other than --config.* and --sweep* are not. Nothing is trained or compiled.
+
+The documentation site builds with `mkdocs build --strict` (a broken link or anchor, or a page left out of
+the nav, fails it), README.md stays a front page of at most 150 lines, and neither speaks of how lm was
+made (issue numbers, sessions, our machines)."""
 
 import ast
 import importlib
+import importlib.util
+import os
 import re
 import shlex
+import subprocess
+import sys
 import tomllib
 
 import pytest
@@ -21,7 +29,7 @@ from lm import cli
 from lm.cli import sweep
 from lm.cli.overrides import parse_axis, resolve_config, split_config_overrides
 
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 ENV = r"(?:[A-Za-z_][A-Za-z0-9_]*=\S*\s+)*"  # VAR=value prefixes: XLA_FLAGS=... lm train ...
 LM_LINE = re.compile(rf"^{ENV}(?:lm|python3? -m lm)\s+(.*)$")
 SCRIPT_LINE = re.compile(rf"^{ENV}\S*python3?\s+([\w./-]+\.py)(?:\s|$)")
@@ -156,3 +164,52 @@ def test_documented_scripts_and_extras_exist():
     assert {extra for _, extra in named} >= {"dev", "gpu", "tensorboard"}
     unknown = [f"{doc}: .[{extra}]" for doc, extra in named if extra not in extras]
     assert not unknown, f"{unknown}: pyproject.toml defines {sorted(extras)}"
+
+
+README_MAX_LINES = 150
+INTERNAL_NOTES = re.compile(r"\bissues? #?\d+|\b(?:this|another|other) sessions?\b|\bour (?:VM|machine|CPU)s?\b"
+                            r"|\bshared/(?:data|peers)\b", re.IGNORECASE)
+
+
+def test_the_readme_is_a_front_page():
+    lines = (REPO / "README.md").read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines: move detail into docs/"
+    assert "python -m pytest tests -n auto --runslow" in "\n".join(lines)
+
+
+def test_the_docs_speak_to_users():
+    """No notes of how lm was made: issue numbers, sessions, our machines, paths the repository does not ship."""
+    assert INTERNAL_NOTES.search("as issue 30 saw, beside another session's tests on our VM")
+    notes = [f"{doc.relative_to(REPO)}:{number}: {match.group(0)}" for doc in DOCS
+             for number, line in enumerate(doc.read_text().splitlines(), 1) if (match := INTERNAL_NOTES.search(line))]
+    assert not notes, notes
+
+
+def test_the_documentation_site_builds_strictly(tmp_path):
+    """mkdocs.yml's site: every page in the nav, every link and anchor between pages found, the repository
+    files they link to present, the reference generated from the code (docs/hooks.py) without a warning."""
+    built = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                           cwd=REPO, capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert built.returncode == 0, built.stderr[-4000:]
+    site = tmp_path / "site"
+    assert "--print_config" in (site / "reference" / "commands" / "index.html").read_text()
+    assert "model.norm_position" in (site / "reference" / "configs" / "gpt_shakespeare" / "index.html").read_text()
+    assert "train_data" in (site / "reference" / "experiment" / "index.html").read_text()
+
+
+def test_the_site_carries_the_repository_files_its_pages_link_to():
+    """docs/hooks.py: a page's link out of docs/ names the repository file (a folder: its README.md), copied
+    under repo/; links in code blocks, URLs and anchors alone are left alone."""
+    spec = importlib.util.spec_from_file_location("docs_hooks", REPO / "docs" / "hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    assert hooks.resolve("docs/ablations.md", "../launch/tpu_vm.sh#top") == ("launch/tpu_vm.sh", "#top")
+    assert hooks.resolve("docs/ablations.md", "data.md") == ("docs/data.md", "")
+    assert hooks.resolve("docs/ablations.md", "../experiments/studies/") == ("experiments/studies/README.md", "")
+    assert hooks.resolve("experiments/studies/README.md", "../../docs/ablations.md")[0] == "docs/ablations.md"
+    for target in ("https://example.org/a.md", "#anchor", "/abs.md", "../../outside.md"):
+        assert hooks.resolve("docs/ablations.md", target)[0] is None, target
+    text = "[a](../launch/slurm.sbatch) ![b](data.md)\n```bash\n[c](../launch/multinode.sh)\n```\n"
+    assert hooks.linked_paths("docs/launching.md", text) == {"launch/slurm.sbatch"}
+    assert hooks.repository_path("repo/launch/README.md") == "launch/README.md"
+    assert hooks.repository_path("reference/commands.md") == "docs/reference/commands.md"

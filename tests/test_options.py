@@ -1,5 +1,5 @@
 """The block options are declared once (TransformerConfig / MoeConfig fields): the config's `model`
-section, its checks, the compatibility with saved runs and the README's switch table all follow them."""
+section, its checks, the compatibility with saved runs and the switch table of docs/configs.md all follow them."""
 
 import dataclasses
 import json
@@ -19,13 +19,14 @@ from lm.layers.options import (
     declared_section,
     description,
     from_section,
+    left_at_default,
     option,
     option_fields,
 )
 from lm.layers.transformer import MoeConfig, TransformerConfig
 from lm.models.config import NOT_ABLATIONS, transformer_config, transformer_options
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+SWITCHES_PAGE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "configs.md"
 
 
 def flat_options() -> dict[str, tuple[dataclasses.Field, object]]:
@@ -140,8 +141,10 @@ def test_a_new_option_is_one_field():
 
     section = declared_section(Toy)
     assert section.to_dict() == {"kind": "a", "scale_name": "one", "inner": {"width": 3}}
-    assert description(section, "scale_name") == Description("a mapped value", ("one", "two"))
-    assert description(section.inner, "width") == Description("a width")
+    assert description(section, "scale_name") == Description("a mapped value", ("one", "two"), default="one")
+    assert description(section.inner, "width") == Description("a width", default=3)
+    section.inner.width = 4
+    assert left_at_default(section, "scale_name") and not left_at_default(section.inner, "width")
     assert from_section(Toy, {"scale_name": "two", "inner": {"width": 5}, "other": 0}) == Toy("a", 2.0, Inner(5))
     with pytest.raises(UserError, match=r"^toy.scale_name='three': use one of \('one', 'two'\)$"):
         from_section(Toy, {"scale_name": "three"})
@@ -149,11 +152,10 @@ def test_a_new_option_is_one_field():
         from_section(Toy, {"inner": {"width": "5"}})
 
 
-def readme_switch_rows() -> list[tuple[list[str], list[str]]]:
-    """(switches without 'model.', values) of each row of the README's switch table."""
-    text = README.read_text()
-    section = text[text.index("## Architecture switches (ablations)"):]
-    section = section[: section.index("\n## ", 1)]
+def switch_table_rows() -> list[tuple[list[str], list[str]]]:
+    """(switches without 'model.', values) of each row of the switch table of docs/configs.md."""
+    text = SWITCHES_PAGE.read_text()
+    section = text.split("\n## Architecture switches", 1)[1].split("\n## ", 1)[0]
     rows = []
     for line in section.splitlines():
         if line.startswith("| `model."):
@@ -163,25 +165,25 @@ def readme_switch_rows() -> list[tuple[list[str], list[str]]]:
     return rows
 
 
-def test_the_readme_switch_table_lists_every_ablation_option_default_first():
+def test_the_switch_table_lists_every_ablation_option_default_first():
     options = flat_options()
     listed = set()
-    for switches, values in readme_switch_rows():
+    for switches, values in switch_table_rows():
         assert values, f"no values for {switches}"
         for i, key in enumerate(switches):
-            assert key in options, f"the README lists model.{key}, which is no option"
+            assert key in options, f"the switch table lists model.{key}, which is no option"
             field, kind = options[key]
             default = str(config_value(field, field.default))
             if len(switches) == 1:  # the default, then the other values
-                assert values[0] == default, f"model.{key}: the README's default is {values[0]}, the field's {default}"
+                assert values[0] == default, f"model.{key}: the table's default is {values[0]}, the field's {default}"
                 choices = field.metadata["choices"]
                 allowed = {"True", "False"} if kind is bool else set(map(str, choices)) if choices else None
-                assert allowed is None or set(values) == allowed, f"model.{key}: README {values}, field {allowed}"
+                assert allowed is None or set(values) == allowed, f"model.{key}: table {values}, field {allowed}"
             else:  # one default per switch, or one shared by all
                 shown = values[0] if len(values) == 1 else values[i]
-                assert shown == default, f"model.{key}: the README's default is {shown}, the field's {default}"
+                assert shown == default, f"model.{key}: the table's default is {shown}, the field's {default}"
             listed.add(key)
-    assert not listed & set(NOT_ABLATIONS), "the README's ablation table lists a non-ablation option"
+    assert not listed & set(NOT_ABLATIONS), "the switch table lists a non-ablation option"
     assert set(NOT_ABLATIONS) <= set(options), "NOT_ABLATIONS names a key that is no option"
     missing = set(options) - listed - set(NOT_ABLATIONS) - {"moe"}
-    assert not missing, f"options missing from the README's switch table (or from NOT_ABLATIONS): {sorted(missing)}"
+    assert not missing, f"options missing from the switch table (or from NOT_ABLATIONS): {sorted(missing)}"
