@@ -36,7 +36,7 @@ H100_124M_TOKENS_PER_SECOND = 0.5e6  # the issue's figure for GPT-2 124M's train
 SHAPES = {  # name: (batch, context, the config whose train step consumes it on this CPU or None)
     "gpt2_test": (8, 64, ("configs/gpt2.py:test", {})),
     "baby_bpe": (64, 256, ("configs/gpt2.py:bpe_small", {"data.dataset": "synthetic", "train.batch_size": 64,
-                                                        "data.context_length": 256})),
+                                                        "data.context_length": 256, "data.vocab_size": 2048})),
     "gpt2_124m": (512, 1024, None),
 }
 

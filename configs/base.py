@@ -24,7 +24,7 @@ from lm.data import tasks, tokens
 from lm.layers.options import FRACTION, SHARE_BELOW_ONE, Range, at_least, declare, option
 from lm.models.bert import bert_options
 from lm.models.config import transformer_options
-from lm.train.options import mesh_options, optimizer_options, run_options, train_options
+from lm.train.options import eval_every_option, mesh_options, optimizer_options, run_options, train_options
 
 
 def add_mesh(config: ml_collections.ConfigDict) -> None:
@@ -57,10 +57,13 @@ def token_file_data() -> ml_collections.ConfigDict:
     return declare(
         ml_collections.ConfigDict(),
         dataset=option("token_file", "token_file: read train_file and val_file; synthetic: uniformly random ids; "
-                                     "source: the documents of data.source, tokenised with data.tokenizer",
+                                     "source: the documents of data.source or data.mixture, tokenised with "
+                                     "data.tokenizer (a source or mixture set selects it over token_file); a key "
+                                     "the chosen dataset does not read, set away from its default, is an error",
                        choices=("token_file", "synthetic", "source")),
-        source=option("", "for dataset=source, the training documents: files:GLOB (.txt, .jsonl, .jsonl.gz, "
-                          ".parquet), tfds:NAME[/CONFIG][:SPLIT] or hf:NAME_OR_DIR[:CONFIG][:SPLIT] (docs/data.md)"),
+        source=option("", "the training documents (setting it selects dataset=source): files:GLOB (.txt, .jsonl, "
+                          ".jsonl.gz, .parquet), tfds:NAME[/CONFIG][:SPLIT], hf:NAME_OR_DIR[:CONFIG][:SPLIT] or "
+                          "tokens:DIR (docs/data.md)"),
         mixture=option("", "instead of source, several sources drawn by weight (shares of the rows): "
                            "SPEC=WEIGHT,SPEC=WEIGHT,... (lm/data/mixture.py)"),
         val_source=option("", "the validation documents, as source ('' = the last val_fraction of source's, or "
@@ -77,12 +80,15 @@ def token_file_data() -> ml_collections.ConfigDict:
         val_file=option("openwebtext/val.bin", "validation token ids, absolute or relative to $LM_DATA_DIR"),
         token_dtype=option("uint16", "the files' id type (uint32 for vocabularies past 65,536)",
                            choices=tuple(tokens.TOKEN_DTYPES)),
-        vocab_size=option(50257, "ids in the vocabulary (50257: GPT-2 BPE)", bounds=at_least(1)),
+        vocab_size=option(0, "ids in the vocabulary; 0: data.tokenizer's (50257, GPT-2's BPE, for ids without a "
+                             "tokenizer)", bounds=at_least(1, 0)),
         # Saved into the run, so that lm sample prints text.
         tokenizer=option("", "the tokenizer.json the token files were made with (or source is tokenised with), "
-                             "absolute or relative to $LM_DATA_DIR, or gpt2 (GPT-2's own, $LM_DATA_DIR/vocab); its "
-                             "vocabulary must be vocab_size ('' = none, ids only)"),
-        context_length=option(1024, "tokens per training window", bounds=at_least(1)),
+                             "absolute or relative to $LM_DATA_DIR, or gpt2 (GPT-2's own, $LM_DATA_DIR/vocab); '': "
+                             "with init_from=RUN the run's, else gpt2 for a source and none (ids only) for token "
+                             "files"),
+        context_length=option(1024, "tokens per training window (left at 1024 with init_from=RUN: the run's)",
+                              bounds=at_least(1)),
     )
 
 
@@ -114,7 +120,7 @@ def language_model(dataset: str = "tinyshakespeare") -> ml_collections.ConfigDic
 
     config.eval = declare(
         ml_collections.ConfigDict(),
-        every=option(250, "steps between val loss evaluations", bounds=at_least(0)),
+        every=eval_every_option("val loss evaluations"),
         batch_size=option(48, "val windows per eval batch", bounds=at_least(1)),
         num_batches=option(8, "val batches per evaluation (the same ones every time)", bounds=at_least(1)),
         context_lengths=option((), "val lengths scored after training, e.g. (128,): twice the training one"),
@@ -176,7 +182,7 @@ def translation() -> ml_collections.ConfigDict:
 
     config.eval = declare(
         ml_collections.ConfigDict(),
-        every=option(500, "steps between val loss evaluations", bounds=at_least(0)),
+        every=eval_every_option("val loss evaluations"),
         bleu_every=option(500, "steps between greedy sacreBLEU scores of the val split (val_bleu); 0: off",
                           bounds=at_least(0)),
         batch_size=option(128, "sentences per eval batch, also for decoding", bounds=at_least(1)),
@@ -239,7 +245,7 @@ def image_classification() -> ml_collections.ConfigDict:
 
     config.eval = declare(
         ml_collections.ConfigDict(),
-        every=option(1000, "steps between val loss and accuracy evaluations", bounds=at_least(0)),
+        every=eval_every_option("val loss and accuracy evaluations"),
         batch_size=option(1000, "images per eval batch, global (the 5k val and 10k test splits)", bounds=at_least(1)),
     )
 
@@ -289,7 +295,7 @@ def masked_lm(size: str) -> ml_collections.ConfigDict:
 
     config.eval = declare(
         ml_collections.ConfigDict(),
-        every=option(1000, "steps between held-out masked-LM and NSP evaluations", bounds=at_least(0)),
+        every=eval_every_option("held-out masked-LM and NSP evaluations"),
         batch_size=option(64, "sequence pairs per eval batch", bounds=at_least(1)),
         num_batches=option(8, "eval batches per evaluation (the same ones every time)", bounds=at_least(1)),
     )
@@ -328,7 +334,7 @@ def finetune(task: str) -> ml_collections.ConfigDict:
 
     config.eval = declare(
         ml_collections.ConfigDict(),
-        every=option(250, "steps between the dev split's loss and the task's scores (dev_*)", bounds=at_least(0)),
+        every=eval_every_option("the dev split's loss and the task's scores (dev_*)"),
         batch_size=option(128, "rows per eval batch", bounds=at_least(1)),
     )
 

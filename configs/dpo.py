@@ -17,9 +17,9 @@ Variants (pick one after the colon):
          differ before the last turn), context 512, batch 32, beta 0.1 and AdamW 1e-6 (TRL's defaults), 300
          steps: from a GPT-2 folder (or its SFT run).
          lm train --config=configs/dpo.py:hh --workdir=runs/dpo_hh --config.init_from=hf:/path/to/gpt2
-  small  configs/sft.py:small's model (4 layers, 128 wide, context 256, the 4,096-id corpus BPE) on helpful-base,
-         batch 8 pairs, 250 steps, AdamW 1e-4: the CPU measurement of docs/post-training.md, from the small GPT
-         pretrained there.
+  small  configs/sft.py:small's model (4 layers, 128 wide) on helpful-base, batch 8 pairs, 250 steps, AdamW 1e-4,
+         with the tokenizer and context of init_from's run: the CPU measurement of docs/post-training.md, from the
+         small GPT pretrained there (the 4,096-id corpus BPE, context 256).
          lm train --config=configs/dpo.py:small --workdir=runs/dpo_small --config.init_from=runs/corpus_gpt_256
   test   2 layers, 32 wide, context 64, the first 48 helpful-base pairs with GPT-2's tokenizer, 4 steps: seconds
          on a CPU, from a fresh model.
@@ -50,8 +50,8 @@ def preference_data() -> ml_collections.ConfigDict:
         skip_bad_records=option(False, "skip (and count) the records that give no pair (a missing field, no "
                                        "response_marker, identical responses) instead of stopping at the first"),
         **sft.tokenizer_options(),
-        context_length=option(512, "tokens per row: a pair is two rows, prompt + chosen and prompt + rejected",
-                              bounds=at_least(1)),
+        context_length=option(512, "tokens per row: a pair is two rows, prompt + chosen and prompt + rejected; left "
+                                   "at 512 with init_from=RUN: the run's", bounds=at_least(1)),
     )
 
 
@@ -73,8 +73,7 @@ def get_config(variant: str = "hh") -> ml_collections.ConfigDict:
         config.data.skip_bad_records = True  # helpful-base's 4 bad pairs (module docstring)
     elif variant == "small":
         config.model.update(num_layers=4, num_heads=4, num_kv_heads=4, embed_dim=128)
-        config.data.update(tokenizer="/tmp/corpus_bpe/tokenizer.json", vocab_size=4096, context_length=256,
-                           skip_bad_records=True)
+        config.data.skip_bad_records = True
         config.optimizer.update(learning_rate=1e-4, min_learning_rate=1e-5)
         config.train.update(batch_size=8, num_steps=250, log_every=25, checkpoint_every=250)
         config.eval.update(every=50, batch_size=32, num_batches=8)  # every held-out pair (235 after the skips)

@@ -24,14 +24,14 @@ multiple of 128, so the embedding and the logits split evenly and map onto whole
         lm train --config=configs/gpt2.py:bpe_small --workdir=runs/shakespeare_bpe \
             --config.data.train_file=/tmp/shakespeare_bpe/train.bin \
             --config.data.val_file=/tmp/shakespeare_bpe/val.bin \
-            --config.data.tokenizer=/tmp/shakespeare_bpe/tokenizer.json --config.data.vocab_size=2048
+            --config.data.tokenizer=/tmp/shakespeare_bpe/tokenizer.json
         Tiny Shakespeare, BPE 2048: val loss 4.61 per token (1.68 per character) in 4 min 55 s on a
         shared 2-core CPU (1.07M parameters, 3,700-5,600 tokens/s).
         The same model on documents of jsonl files, rows packed by document (docs/data.md makes
         /tmp/corpus_jsonl of the shared BERT corpus and /tmp/corpus_bpe, a BPE of 4,096 ids):
         lm train --config=configs/gpt2.py:bpe_small --workdir=runs/corpus_documents \
-            --config.data.dataset=source --config.data.source='files:/tmp/corpus_jsonl/*.jsonl' \
-            --config.data.tokenizer=/tmp/corpus_bpe/tokenizer.json --config.data.vocab_size=4096
+            --config.data.source='files:/tmp/corpus_jsonl/*.jsonl' \
+            --config.data.tokenizer=/tmp/corpus_bpe/tokenizer.json
         val loss 5.35 per token in 4 min 22 s on a shared 2-core CPU (concatenated: 5.34; docs/data.md)
   test  2 layers (scanned), 4 heads, 64 wide, context 64, a tiny vocabulary, synthetic ids: for tests and a
         CPU smoke run.
@@ -41,7 +41,9 @@ Data: data.train_file / data.val_file are raw little-endian uint16 token ids (ui
 vocabularies past 65,536: data.token_dtype), absolute or relative to $LM_DATA_DIR; nanoGPT's
 data/openwebtext/prepare.py writes them, and `lm prepare` (any text files, a trained
 BPE or GPT-2's tokenizer) with the tokenizer.json that data.tokenizer names. Or documents, tokenised as the run
-starts: --config.data.dataset=source --config.data.source=files:GLOB (or tfds:..., hf:...; docs/data.md).
+starts: --config.data.source=files:GLOB (or tfds:..., hf:...; docs/data.md), which selects data.dataset=source,
+with GPT-2's tokenizer unless data.tokenizer names another. The vocabulary (data.vocab_size 0) is the
+tokenizer's; token ids without a tokenizer are GPT-2's 50,257.
 For throughput runs without data:
   --config.data.dataset=synthetic  (uniformly random ids; the loss stays at ln(50257) = 10.8).
 
@@ -82,7 +84,7 @@ def get_config(variant: str = "124m") -> ml_collections.ConfigDict:
             config.optimizer.learning_rate = {"350m": 3e-4, "774m": 2.5e-4}[variant]
             config.optimizer.min_learning_rate = config.optimizer.learning_rate / 10
     elif variant == "bpe_small":
-        config.data.update(vocab_size=2048, context_length=128)
+        config.data.context_length = 128  # (the vocabulary: data.tokenizer's)
         config.model.update(num_layers=4, num_heads=4, num_kv_heads=4, embed_dim=128, compute_dtype="float32")
         config.train.update(batch_size=16, grad_accum_steps=1, num_steps=600, log_every=50, checkpoint_every=300)
         config.optimizer.update(learning_rate=1e-3, min_learning_rate=1e-4, warmup_steps=50, b2=0.99)

@@ -15,9 +15,10 @@ Variants (pick one after the colon):
   gsm8k  GPT-2 124M's shape and tokenizer on GSM8K (train 7,473 pairs; held out: the test split's 1,319), the
          plain template, context 512, batch 32, 1,000 steps, AdamW 2e-5: the weights from a GPT-2 folder.
          lm train --config=configs/sft.py:gsm8k --workdir=runs/sft_gsm8k --config.init_from=hf:/path/to/gpt2
-  small  configs/gpt2.py:bpe_small's shape (4 layers, 4 heads, 128 wide) with context 256, GSM8K in a 4,096-id
-         BPE of the shared corpus, batch 16, 300 steps: the CPU measurement of docs/post-training.md, from the
-         small GPT pretrained there (its commands make /tmp/corpus_bpe and runs/corpus_gpt_256).
+  small  configs/gpt2.py:bpe_small's shape (4 layers, 4 heads, 128 wide) on GSM8K, batch 16, 300 steps, with the
+         tokenizer and context of init_from's run: the CPU measurement of docs/post-training.md, from the small
+         GPT pretrained there (its commands make runs/corpus_gpt_256: a 4,096-id BPE of the shared corpus,
+         context 256).
          lm train --config=configs/sft.py:small --workdir=runs/sft_small --config.init_from=runs/corpus_gpt_256
   test   2 layers, 32 wide, context 128, the first 64 GSM8K test pairs with GPT-2's tokenizer, 6 steps: seconds on
          a CPU, from a fresh model (for tests and a smoke run).
@@ -28,6 +29,7 @@ import ml_collections
 
 from configs import base
 from lm.layers.options import Range, at_least, declare, option
+from lm.train.options import eval_every_option
 
 VARIANTS = ("gsm8k", "small", "test")
 
@@ -49,8 +51,8 @@ def tokenizer_options() -> dict:
     """The data options of the tokenizer a post-training run's text is encoded with."""
     return dict(
         tokenizer=option("gpt2", "gpt2 (GPT-2's own, $LM_DATA_DIR/vocab) or the path of a tokenizer.json, absolute "
-                                 "or relative to $LM_DATA_DIR; its vocabulary must be vocab_size"),
-        vocab_size=option(50257, "ids in the vocabulary (50257: GPT-2 BPE)", bounds=at_least(1)),
+                                 "or relative to $LM_DATA_DIR (left at gpt2 with init_from=RUN: the run's)"),
+        vocab_size=option(0, "ids in the vocabulary; 0: the tokenizer's", bounds=at_least(1, 0)),
     )
 
 
@@ -70,15 +72,15 @@ def conversation_data() -> ml_collections.ConfigDict:
         skip_bad_records=option(False, "skip (and count) the records that give no conversation (a missing field, "
                                        "a template that fails on them) instead of stopping at the first"),
         **tokenizer_options(),
-        context_length=option(512, "tokens per training row (conversations are packed into rows)",
-                              bounds=at_least(1)),
+        context_length=option(512, "tokens per training row (conversations are packed into rows); left at 512 with "
+                                   "init_from=RUN: the run's", bounds=at_least(1)),
     )
 
 
 def eval_options(**overrides) -> ml_collections.ConfigDict:
     section = declare(
         ml_collections.ConfigDict(),
-        every=option(100, "steps between held-out evaluations", bounds=at_least(0)),
+        every=eval_every_option("held-out evaluations"),
         batch_size=option(32, "rows (or pairs) per eval batch", bounds=at_least(1)),
         num_batches=option(8, "eval batches per periodic evaluation (the same ones every time; the final results "
                               "score every held-out row)", bounds=at_least(1)),
@@ -104,7 +106,6 @@ def get_config(variant: str = "gsm8k") -> ml_collections.ConfigDict:
         config.model.update(num_layers=12, num_heads=12, num_kv_heads=12, embed_dim=768)
     elif variant == "small":
         config.model.update(num_layers=4, num_heads=4, num_kv_heads=4, embed_dim=128)
-        config.data.update(tokenizer="/tmp/corpus_bpe/tokenizer.json", vocab_size=4096, context_length=256)
         config.optimizer.update(learning_rate=3e-4, min_learning_rate=3e-5)
         config.train.update(batch_size=16, num_steps=300, log_every=25, checkpoint_every=300)
         config.eval.update(every=100, batch_size=32, num_batches=8)

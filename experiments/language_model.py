@@ -484,7 +484,8 @@ def token_file_tokenizer(data: ml_collections.ConfigDict) -> bpe.BPETokenizer:
     data.vocab_size = data.vocab_size or tokenizer.vocab_size
     if tokenizer.vocab_size != data.vocab_size:
         raise UserError(f"data.vocab_size={data.vocab_size} but data.tokenizer={data.tokenizer} has "
-                        f"{tokenizer.vocab_size} ids: set --config.data.vocab_size={tokenizer.vocab_size}")
+                        f"{tokenizer.vocab_size} ids: set --config.data.vocab_size={tokenizer.vocab_size} (or 0: "
+                        "the tokenizer's)")
     return tokenizer
 
 

@@ -6,11 +6,14 @@ pass began (or since its last line), prints where it stands:
   decoding 1,000 sentences (beam 4): 3 of 8 | 41.2 sentences/s | ETA 0:00:30
 
 A pass shorter than `every` seconds prints nothing. await_each feeds it from asynchronously dispatched
-JAX computations, counting each one when it is ready while the next one is already queued.
+JAX computations, counting each one when it is ready while the next one is already queued. RunEta is a
+training run's time left. A command's last line, its result, names its files with shown_path and
+folder_listing.
 """
 
 import datetime
 import itertools
+import pathlib
 import time
 from collections.abc import Callable, Iterable, Sized
 
@@ -57,6 +60,40 @@ class Progress:
             return f"{self.what}: {self.chunks:,} done | {rate}"
         eta = format_duration(elapsed / self.chunks * (self.total - self.chunks))
         return f"{self.what}: {self.chunks:,} of {self.total:,} | {rate} | ETA {eta}"
+
+
+def shown_path(path: str | pathlib.Path) -> str:
+    """path as a result line names it: relative to the working folder where it lies in it, else absolute."""
+    path = pathlib.Path(path).expanduser().absolute()
+    return str(path.relative_to(pathlib.Path.cwd())) if path.is_relative_to(pathlib.Path.cwd()) else str(path)
+
+
+def folder_listing(folder: pathlib.Path) -> str:
+    """'checkpoints/, config.json, metrics.jsonl': what a folder holds, for a result line (its folders with a
+    slash; hidden files, such as the run's lock, left out)."""
+    return ", ".join(entry.name + "/" * entry.is_dir() for entry in sorted(folder.iterdir())
+                     if not entry.name.startswith("."))
+
+
+class RunEta:
+    """The time a training run has left, at its pace since the end of its first dispatch (which pays the one-time
+    costs: buffers allocated, the input pipeline filled, the first program loaded) to num_steps: the wall time per
+    step since then (evaluations and checkpoints included, as they recur) times the steps left. Ask at steps whose
+    work is done (their results read); the first answer starts the clock and is None, as is any before a step after
+    it has finished: no estimate from the first dispatch alone (its time can be many steps' worth)."""
+
+    def __init__(self, num_steps: int, clock: Callable[[], float] = time.perf_counter):
+        self.num_steps, self.clock = num_steps, clock
+        self.since: tuple[int, float] | None = None  # (step, time) at the end of the first dispatch
+
+    def seconds_left(self, step: int) -> float | None:
+        now = self.clock()
+        if self.since is None:
+            self.since = (step, now)
+        first_step, start = self.since
+        if step <= first_step:
+            return None
+        return (now - start) / (step - first_step) * (self.num_steps - step)
 
 
 def await_each(results: Iterable, progress: Progress, sizes: Iterable[int] | None = None) -> list:

@@ -126,7 +126,8 @@ def test_a_token_file_tokenizer_must_match_the_vocabulary(tmp_path, trained):
     trained.save(tmp_path / "tokenizer.json")
     config = get_config("test")
     config.data.update(tokenizer=str(tmp_path / "tokenizer.json"))
-    with pytest.raises(UserError, match="data.tokenizer is for data.dataset='token_file'.*not 'synthetic'"):
+    with pytest.raises(UserError, match="data.tokenizer='.*' is not read by data.dataset='synthetic': drop it "
+                                        r"\(it is for data.dataset=token_file or source\)"):
         build(config)
     np.arange(100, dtype="<u2").tofile(tmp_path / "ids.bin")
     config.data.update(dataset="token_file", train_file=str(tmp_path / "ids.bin"), val_file=str(tmp_path / "ids.bin"))

@@ -36,7 +36,7 @@ BAD_VALUES = [  # key, a value outside its range, the range the message gives
     ("model.num_layers", 0, "1 or more"),
     ("model.moe.capacity_factor", -math.inf, "more than 0"),
     ("data.train_fraction", 1.5, "from 0 to 1"),
-    ("eval.every", -1, "0 or more"),
+    ("eval.every", -2, "0 or more, or -1"),
     ("mesh.fsdp", 0, "1 or more, or -1"),
     ("sample.temperature", math.nan, "0 or more"),
 ]

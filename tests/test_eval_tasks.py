@@ -11,6 +11,7 @@ import importlib.util
 import json
 import math
 import pathlib
+import re
 
 import jax
 import jax.numpy as jnp
@@ -19,10 +20,12 @@ import pytest
 
 from configs.base import language_model
 from experiments.language_model import from_workdir
+from lm import progress
 from lm.cli.eval import score_tasks
 from lm.errors import UserError
 from lm.eval import models, report, tasks
 from lm.eval.scoring import Scorer, encode_pair, gpt_apply, rolling_windows, target_scores, token_loglikelihoods
+from lm.hf.files import Folder
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "eval"
 TOLERANCE = 1e-4
@@ -53,11 +56,14 @@ def test_every_task_scores_as_the_harness_scores_it(name, eval_data):
     config = models.hf_config(folder, language_model("token_file"))
     experiment = from_workdir(config, None)
     tokenizer, prefix = models.hf_tokenizer(folder)
-    scorer = Scorer(gpt_apply(experiment.model), models.hf_params(folder, config, experiment.init),
-                    models.encoder(tokenizer),
+    params = models.hf_params(folder, config, experiment.init)
+    scorer = Scorer(gpt_apply(experiment.model), params, models.encoder(tokenizer),
                     config.data.context_length, prefix, batch_size=8, num_buckets=1,
                     scored_chunk=2048)  # one program to compile: one chunk of 8 x 256 scored positions
     assert (config.data.context_length, prefix) == (256, 0)
+    # counted as transformers counts them: the folder's tensors, without lm's padding of the vocabulary
+    assert models.parameter_count(params, config.data.vocab_size) == sum(
+        math.prod(shape.shape) for shape in Folder(folder, "").abstract().values())
     expected = json.loads((FIXTURES / f"{name}.json").read_text())["tasks"]
     results = report.evaluate(scorer, list(tasks.TASKS.values()))
     assert [r.task.name for r in results] == list(expected)
@@ -82,18 +88,31 @@ def test_every_task_scores_as_the_harness_scores_it(name, eval_data):
         assert set(result.metrics) == {m for m in result.task.metrics} | {f"{m}_stderr" for m in result.task.metrics}
 
 
-def test_the_command_prints_the_table_and_writes_eval_json(eval_data, tmp_path, capsys):
-    results = score_tasks("winogrande", 2, None, str(FIXTURES / "gpt2"), out=str(tmp_path), batch_size=4)
+def test_the_command_prints_the_table_and_writes_eval_json(eval_data, tmp_path, monkeypatch, capsys):
+    """With --hf: a line saying what model was loaded (its parameters as transformers counts them), and eval.json
+    in eval/<the folder's name> of the current folder, not in the model's folder."""
+    monkeypatch.chdir(tmp_path)
+    results = score_tasks("winogrande", 2, None, str(FIXTURES / "gpt2"), batch_size=4)
     printed = capsys.readouterr().out
-    assert "winogrande | acc    | " in printed and f"written: {tmp_path / 'eval.json'}" in printed
-    written = json.loads((tmp_path / "eval.json").read_text())
+    assert printed.startswith(f"--hf={FIXTURES / 'gpt2'}: a GPT2LMHeadModel of 27,456 parameters (2 layers, width "
+                              "32, vocabulary 131), context 256, float32\n")
+    assert "winogrande | acc    | " in printed and "written: eval/gpt2/eval.json" in printed
+    assert printed.splitlines()[-1] == \
+        f"done: winogrande acc {results[0].metrics['acc']:.4f}; written: eval/gpt2/eval.json"
+    assert "init_from" not in printed and not (FIXTURES / "gpt2" / "tasks").exists()
+    written = json.loads((tmp_path / "eval" / "gpt2" / "eval.json").read_text())
     assert written["limit"] == 2 and written["tasks"]["winogrande"]["documents"] == 2
     assert written["tasks"]["winogrande"]["acc"] == results[0].metrics["acc"]
 
 
 def test_bad_input_is_one_line(eval_data, tmp_path, monkeypatch):
-    with pytest.raises(UserError, match="unknown task 'helaswag'; the tasks are hellaswag, lambada_openai, arc_easy"):
+    with pytest.raises(UserError, match=r"unknown task 'helaswag' \(did you mean hellaswag\?\); the tasks are "
+                                        r"hellaswag, lambada_openai, arc_easy"):
         score_tasks("helaswag,piqa", None, None, str(FIXTURES / "gpt2"))
+    with pytest.raises(UserError, match=r"--tasks=lambada,mmlu: unknown task 'lambada' \(did you mean lambada_openai\? "
+                                        r"the harness's lambada is a group of lambada_openai and lambada_standard; lm "
+                                        r"scores lambada_openai\), 'mmlu'; the tasks are"):
+        tasks.parse_tasks("lambada,mmlu")
     with pytest.raises(UserError, match="give --workdir=RUN .* or --hf=DIR .* not both"):
         score_tasks("piqa", None, "run", str(FIXTURES / "gpt2"))
     monkeypatch.setenv("LM_DATA_DIR", str(tmp_path))
@@ -131,9 +150,10 @@ def test_rolling_windows_predict_every_token_once_as_the_harness_windows_do():
             assert len(context) == (1 if len(continuation) == max_length else max_length + 1 - len(continuation))
 
 
-def test_bucketed_batches_equal_a_direct_computation_with_the_cut_from_the_left():
+def test_bucketed_batches_equal_a_direct_computation_with_the_cut_from_the_left(monkeypatch, capsys):
     """A bigram model (logits of a token depend on it alone): each request's answer, computed on its own in numpy,
-    over requests of several lengths (some longer than the context, cut from the left) in batches of 3."""
+    over requests of several lengths (some longer than the context, cut from the left) in batches of 3. A pass
+    longer than lm.progress.PROGRESS_SECONDS (0 s here) prints its progress."""
     rng = np.random.default_rng(0)
     table = rng.normal(size=(7, 7)).astype(np.float32)
     table[3, 5] = 9.0  # after 3, 5 is the argmax: a greedy continuation
@@ -154,6 +174,10 @@ def test_bucketed_batches_equal_a_direct_computation_with_the_cut_from_the_left(
     assert token_loglikelihoods(scorer, requests[:2])[0][1] is True
     with pytest.raises(UserError, match="a continuation of 9 tokens after 1 of context: the model reads 8 tokens"):
         token_loglikelihoods(scorer, [([1], [2] * 9)])
+    monkeypatch.setattr(progress, "PROGRESS_SECONDS", 0.0)
+    capsys.readouterr()
+    token_loglikelihoods(scorer, requests, "piqa")
+    assert re.fullmatch(r"piqa batches: 1 of 2 \| [\d,.]+ requests/s \| ETA 0:00:0\d\n", capsys.readouterr().out)
 
 
 def test_task_texts_follow_the_harness(eval_data):
@@ -246,3 +270,11 @@ def test_a_character_level_run_is_scored_character_by_character_and_says_so():
     assert scorer.prefix_token_id == vocabulary.encode("\n")[0]  # a text's first character follows a newline
     with pytest.raises(UserError, match="this run has no tokenizer .*: the tasks are text"):
         models.run_scorer(model, params, None, context_length=16)
+
+
+def test_the_table_says_what_lambadas_metrics_are():
+    metrics = {"perplexity": 41.5, "perplexity_stderr": None, "acc": 0.25, "acc_stderr": 0.25}
+    printed = report.table([report.TaskResult(tasks.TASKS["lambada_openai"], 4, metrics, [], 0.1)])
+    assert printed.splitlines()[-1] == ("lambada_openai: perplexity of the passages' last words (exp of minus their "
+                                        "mean log-likelihood); acc: the share of passages whose last word is the "
+                                        "model's greedy continuation")

@@ -202,3 +202,49 @@ def test_a_checkpoint_or_step_folder_is_a_source_too(trained_run, test_config, m
         plan = init_from.prepare(str(location), "", abstract, None, test_config)
         assert plan.source.description == f"{source / 'checkpoints'} step {step}" and len(plan.dropped) == 35
         assert plan.source.run_config == json.loads((source / "config.json").read_text())  # the run's, above
+
+
+def test_an_init_from_of_another_context_names_data_context_length_first(trained_run, tmp_path, test_config):
+    """A LoRA run from a run trained at another context: the error names data.context_length (the learned position
+    table's length), not the LoRA rank (the base model's parameters keep their shapes under LoRA)."""
+    _, source, _ = trained_run
+    test_config.init_from = str(source)
+    test_config.data.context_length = 32  # the source's: 16
+    test_config.model.lora.rank = 4
+    with pytest.raises(UserError, match=rf"^init_from={source} holds a model with data.context_length=16 \(its "
+                                        r"config.json\), this config has data.context_length=32: run with "
+                                        r"--config.data.context_length=16, or give init_from a run of this model$"):
+        train(test_config, str(tmp_path / "run"), build_experiment, devices=jax.devices()[:1])
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("recipe", ["sft.py:small", "dpo.py:small", "gpt2.py:124m"])
+def test_init_from_a_run_brings_its_tokenizer_and_context_length(recipe, tmp_path, capsys):
+    """init_from=RUN: the run's tokenizer (its copy in the run folder; the vocabulary follows it) and context
+    length, where the config leaves them at their defaults (configs/sft.py:small and dpo.py:small set neither);
+    a value the config sets stays. Only the run's config.json and tokenizer.json are read here."""
+    import importlib
+
+    from lm.data.bpe import BPETokenizer
+    from lm.runs import CONFIG_FILE
+
+    hh = {"chosen": "\n\nHuman: Hi?\n\nAssistant: Hello there.", "rejected": "\n\nHuman: Hi?\n\nAssistant: No."}
+    records = {"sft": {"question": "Name a colour.", "answer": "Blue."}, "dpo": hh, "gpt2": {"text": "Some text."}}
+    name, variant = recipe.split(".py:")
+    run = tmp_path / "run"
+    run.mkdir()
+    tokenizer = BPETokenizer.train(["Name a colour. Blue. Hi? Hello there. No. Some text."] * 20, 300)
+    tokenizer.save(run / "tokenizer.json")
+    (run / CONFIG_FILE).write_text(json.dumps({"data": {"tokenizer": "/gone/tokenizer.json", "context_length": 24}}))
+    (tmp_path / "records.jsonl").write_text(json.dumps(records[name]) + "\n")
+    config = importlib.import_module(f"configs.{name}").get_config(variant)
+    config.data.update(source=f"files:{tmp_path}/records.jsonl", val_source=f"files:{tmp_path}/records.jsonl")
+    config.init_from = str(run)
+    build = importlib.import_module(f"experiments.{'language_model' if name == 'gpt2' else name}").build
+    data = build(config).config.data
+    assert (data.tokenizer, data.vocab_size, data.context_length) == (str(run / "tokenizer.json"),
+                                                                      tokenizer.vocab_size, 24)
+    assert f"init_from={run}: data.tokenizer={run}/tokenizer.json, data.context_length=24 (the run's" in \
+        capsys.readouterr().out
+    config.data.context_length = 20  # set: it stays
+    assert build(config).config.data.context_length == 20

@@ -4,6 +4,7 @@ stated rule; bad input is one line; the DPO loss is TRL's formula, and a run's r
 
 import json
 import math
+import pathlib
 
 import flax.linen as nn
 import jax
@@ -292,3 +293,39 @@ def test_an_sft_run_samples_through_its_chat_template_and_exports_it_for_transfo
     for conversation in CONVERSATIONS:
         assert (chat.ChatTemplate.load(str(folder), tokenizer).render(conversation)
                 == chat.ChatTemplate.load("chatml", tokenizer).render(conversation))
+
+
+def gpt2_folder_of_300_ids(folder):
+    """tests/fixtures/hf/gpt2 (2 layers, 32 wide, 32 positions) with its token table grown to the 300 ids of
+    tokenizer_path: a Hugging Face GPT-2 folder these runs' tokenizer fits."""
+    from safetensors.numpy import load_file, save_file
+
+    fixture = pathlib.Path(__file__).parent / "fixtures" / "hf" / "gpt2"
+    folder.mkdir()
+    tensors = load_file(fixture / "model.safetensors")
+    table = tensors["transformer.wte.weight"]
+    rows = np.random.default_rng(0).normal(0, 0.02, (300 - len(table), table.shape[1])).astype(table.dtype)
+    tensors["transformer.wte.weight"] = np.concatenate([table, rows])
+    save_file(tensors, folder / "model.safetensors")
+    hf = json.loads((fixture / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**hf, "vocab_size": 300}))
+    return folder
+
+
+@pytest.mark.parametrize("experiment", ["sft", "dpo"])
+def test_sft_and_dpo_start_from_a_hugging_face_gpt2_folder(experiment, tokenizer_path, tmp_path, capsys):
+    """init_from=hf:DIR (with init_from_config=True: the model of its config.json) loads every parameter of a
+    GPT-2 folder into an SFT or DPO run (the README's command), as into a pretraining run."""
+    from lm.train import init_from
+
+    folder = gpt2_folder_of_300_ids(tmp_path / "gpt2")
+    source = write_jsonl(tmp_path / "records.jsonl", HH * 4 if experiment == "dpo" else
+                         [{"question": f"Name colour {i}.", "answer": "Blue."} for i in range(4)])
+    config = (dpo_config_for if experiment == "dpo" else sft_config_for)(tokenizer_path, source)
+    config.update(init_from=f"hf:{folder}", init_from_config=True)
+    config = init_from.model_from_source(config)
+    built = (dpo if experiment == "dpo" else sft).build(config)
+    abstract = nn.unbox(jax.eval_shape(built.init, jax.random.key(0))["params"])
+    plan = init_from.prepare(config.init_from, "", abstract, None, config)
+    assert plan.initialised == [] and plan.dropped == [] and len(plan.loaded) == 36
+    assert "a GPT2LMHeadModel; this run's config agrees with its config.json" in capsys.readouterr().out

@@ -20,6 +20,20 @@ class Clock:
         return self.now
 
 
+def test_a_runs_eta_leaves_out_its_first_dispatch():
+    """The first dispatch of a 2000-step run takes 5 s (buffers, the input pipeline, the first program), the
+    steps after it 0.1 s: no ETA from the first alone (it would say 2.8 hours), then 0.1 s for each step left."""
+    clock = Clock()
+    eta = progress.RunEta(2000, clock=clock)
+    clock.now += 5.0
+    assert eta.seconds_left(1) is None
+    assert eta.seconds_left(1) is None  # no step since
+    clock.now += 4.9
+    assert eta.seconds_left(50) == pytest.approx(0.1 * 1950)
+    clock.now += 5.0 + 5.0  # 50 steps and an evaluation that took as long: it recurs, so it counts
+    assert eta.seconds_left(100) == pytest.approx(14.9 / 99 * 1900)
+
+
 def test_a_line_every_so_often_none_for_a_short_pass_nor_after_the_last_chunk():
     clock, lines = Clock(), []
     bar = progress.Progress("decoding 40 sentences (beam 4)", 4, "sentences", every=10.0, clock=clock,

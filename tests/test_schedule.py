@@ -13,6 +13,7 @@ from lm.cli.resolve import build_experiment
 from lm.errors import UserError
 from lm.train.loop import train
 from lm.train.optim import learning_rate_schedule, resolve_schedule, schedule_warning
+from lm.train.options import DERIVED, derived_eval_every
 
 BABY = "configs/gpt_shakespeare.py:baby"
 
@@ -58,6 +59,17 @@ def test_explicit_lengths_are_kept_and_a_schedule_off_the_run_is_one_line():
     assert resolve_schedule(ml_collections.ConfigDict(older)).to_dict() == older  # (lm sample, eval, export)
 
 
+def test_the_eval_interval_follows_the_run_unless_set():
+    """eval.every left at -1 is about an eighth of train.num_steps, rounded down to a readable interval: a
+    120-step run evaluates every 10 steps (13 points on its val curve, not 2), the baby's 2000 steps every 250."""
+    assert resolved({}).eval.every == 250
+    assert resolved({"train.num_steps": "120"}).eval.every == 10
+    assert resolved({"train.num_steps": "120", "eval.every": "50"}).eval.every == 50  # set: kept
+    assert resolved({"train.num_steps": "120", "eval.every": "0"}).eval.every == 0  # none while training
+    assert [derived_eval_every(n) for n in (0, 7, 20, 120, 600, 1000, 2500, 19073, 100_000)] == \
+        [1, 1, 2, 10, 50, 100, 250, 2000, 10_000]
+
+
 @pytest.mark.parametrize("override, message", [
     ({"optimizer.decay_steps": "0"}, "optimizer.decay_steps=0 is out of range: use 1 or more, or -1"),
     ({"optimizer.warmup_steps": "-2"}, "optimizer.warmup_steps=-2 is out of range: use 0 or more, or -1"),
@@ -75,13 +87,17 @@ def test_config_json_records_the_schedule_a_rerun_is_finished_and_a_resumed_run_
         return {r["step"]: r["learning_rate"] for r in records if "learning_rate" in r}
 
     def saved_schedule():
-        saved = json.loads((tmp_path / "config.json").read_text())["optimizer"]
-        return saved["warmup_steps"], saved["decay_steps"]
+        saved = json.loads((tmp_path / "config.json").read_text())
+        return saved["optimizer"]["warmup_steps"], saved["optimizer"]["decay_steps"], saved["eval"]["every"]
 
     test_config.train.update(num_steps=10, log_every=1, checkpoint_every=10)
+    test_config.eval.every = DERIVED
     device = jax.devices()[:1]
     train(test_config, str(tmp_path), build_experiment, devices=device)
-    assert saved_schedule() == (1, 10)  # warmup_fraction 0.1 of a decay over the run
+    assert saved_schedule() == (1, 10, 1)  # warmup_fraction 0.1 of a decay over the run; an eval every step
+    evaluated = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+                 if "eval_loss" in line]
+    assert evaluated == list(range(11))
     capsys.readouterr()
     assert train(test_config, str(tmp_path), build_experiment, devices=device) == {"step": 10}
     assert "already trained to step 10 (train.num_steps=10); nothing to do" in capsys.readouterr().out
@@ -90,6 +106,6 @@ def test_config_json_records_the_schedule_a_rerun_is_finished_and_a_resumed_run_
     train(test_config, str(tmp_path), build_experiment, devices=device)
     assert "warning: optimizer.decay_steps=10 ends before train.num_steps=12: the learning rate holds at " \
            "min_learning_rate=3.00e-04 for the last 2 steps" in capsys.readouterr().out
-    assert saved_schedule() == (1, 10)
+    assert saved_schedule() == (1, 10, 1)
     rates = learning_rates()
     assert rates[11] == rates[12] == pytest.approx(test_config.optimizer.min_learning_rate)

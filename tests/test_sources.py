@@ -373,6 +373,50 @@ def test_source_and_mixture_options_that_do_not_fit_are_one_line(corpus, data, f
         build(source_config(corpus, **data))
 
 
+def test_a_source_or_mixture_selects_the_source_dataset_and_the_vocabulary_is_the_tokenizers(corpus):
+    """configs/gpt2.py:bpe_small with data.source alone: its documents, GPT-2's tokenizer (the stated default,
+    from $LM_DATA_DIR/vocab) and its 50,257 ids; with data.tokenizer, that tokenizer's vocabulary; a mixture
+    selects the source dataset too. The run's config (experiment.config, what the trainer runs with and saves)
+    holds what was chosen; the config given is left alone."""
+    from configs.gpt2 import get_config
+    from experiments.language_model import build
+
+    folder, tokenizer = corpus
+    config = get_config("bpe_small")
+    config.data.update(source=f"files:{folder}/a.jsonl", context_length=16)
+    built = build(config)
+    d = built.config.data
+    assert (d.dataset, d.tokenizer, d.vocab_size, built.vocab_size) == ("source", "gpt2", 50257, 50257)
+    assert (config.data.dataset, config.data.tokenizer, config.data.vocab_size) == ("token_file", "", 0)
+    config.data.update(source="", mixture=f"files:{folder}/a.jsonl=1,files:{folder}/b.jsonl=1",
+                       tokenizer=str(tokenizer))
+    built = build(config)
+    assert (built.config.data.dataset, built.config.data.vocab_size, len(built.components)) == ("source", VOCAB, 2)
+
+
+@pytest.mark.parametrize("variant, data, message", [
+    ("test", {"source": "files:a.jsonl"},
+     "data.source='files:a.jsonl' is not read by data.dataset='synthetic': drop it (it is for data.dataset=source)"),
+    ("bpe_small", {"source": "files:a.jsonl", "train_file": "a.bin"},
+     "data.train_file='a.bin' is not read by data.dataset='source': drop it (it is for data.dataset=token_file)"),
+    ("bpe_small", {"packing": "concat"},
+     "data.packing='concat' is not read by data.dataset='token_file': drop it (it is for data.dataset=source)"),
+])
+def test_a_key_the_chosen_dataset_does_not_read_stops_the_run_before_anything_is_written(variant, data, message,
+                                                                                        tmp_path, capsys):
+    """Only a key set away from its default: configs/gpt2.py's token-file keys at theirs do not stop a source."""
+    from configs.gpt2 import get_config
+    from lm.cli.resolve import build_experiment
+    from lm.train.loop import train
+
+    config = get_config(variant)
+    config.data.update(data)
+    with pytest.raises(SystemExit) as exit_code:
+        run_user_errors(lambda: train(config, str(tmp_path / "run"), build_experiment, jax.devices()[:1]))
+    assert exit_code.value.code == 2 and not (tmp_path / "run").exists()
+    assert capsys.readouterr().err == f"error: {message}\n"
+
+
 def test_a_bad_record_stops_lm_train_before_anything_is_written(corpus, tmp_path, capsys):
     from lm.cli.resolve import build_experiment
     from lm.train.loop import train

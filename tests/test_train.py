@@ -12,7 +12,7 @@ from lm import progress
 from lm.cli.resolve import build_experiment
 from lm.train.compiled import CompiledPerShape
 from lm.train.flops import peak_flops_per_device
-from lm.train.loop import train
+from lm.train.loop import finished_line, train
 from lm.train.setup import restore_params
 
 
@@ -37,6 +37,17 @@ def test_loss_falls_on_real_data(trained_run):
     assert {"loss", "learning_rate", "grad_norm", "tokens_per_second"} <= set(record)
 
 
+def test_the_result_line_gives_the_eval_loss_the_held_out_results_and_the_files(tmp_path, monkeypatch):
+    (tmp_path / "results.json").write_text('{"step": 40, "test_bleu": 36.41}')
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / ".lock.0").touch()  # hidden: not an output
+    assert finished_line({"step": 40, "eval_loss": 1.88181}, tmp_path) == \
+        f"done: eval loss 1.8818 at step 40 | test_bleu 36.41; outputs in {tmp_path} (checkpoints/, results.json)"
+    monkeypatch.chdir(tmp_path.parent)  # a folder under the working one is named relative to it
+    assert finished_line({"step": 40}, tmp_path) == \
+        f"done: step 40 | test_bleu 36.41; outputs in {tmp_path.name} (checkpoints/, results.json)"
+
+
 def test_mfu_only_against_a_data_sheet_or_a_given_peak(trained_run, tmp_path, data_dir, test_config, capsys):
     """A CPU's peak is not known: its runs (the shared trained one) log no MFU (not a figure over a measured
     matmul); train.peak_flops gives one."""
@@ -51,20 +62,27 @@ def test_mfu_only_against_a_data_sheet_or_a_given_peak(trained_run, tmp_path, da
 def test_a_run_prints_its_first_step_at_once_and_the_progress_of_long_eval_passes(tmp_path, data_dir, test_config,
                                                                                  capsys, monkeypatch):
     """log_every=4: a slow model's first line comes after its first step (also when it resumes), not 4
-    steps later; the log files keep their records every log_every steps (and at the end). An eval pass
-    (of 2 batches) longer than lm.progress.PROGRESS_SECONDS (0 s here) prints where it is."""
+    steps later, without an ETA (one step tells no pace); the log files keep their records every log_every steps
+    (and at the end). An eval pass (of 2 batches) longer than lm.progress.PROGRESS_SECONDS (0 s here) prints
+    where it is. The last line is the result: the eval loss at the last step and the run's files."""
+    lines = []
+
     def printed() -> tuple[list[int], list[str]]:
-        lines = capsys.readouterr().out.splitlines()
+        lines[:] = capsys.readouterr().out.splitlines()
         return ([int(line.split()[1]) for line in lines if line.startswith("step") and "| loss " in line],
                 [line.split(" | ")[0] for line in lines if " pass: " in line])
 
     monkeypatch.setattr(progress, "PROGRESS_SECONDS", 0.0)
     test_config.train.update(num_steps=6, log_every=4, checkpoint_every=6)
     test_config.optimizer.decay_steps = 8
-    train(test_config, str(tmp_path), build_experiment, devices=jax.devices()[:1])
+    summary = train(test_config, str(tmp_path), build_experiment, devices=jax.devices()[:1])
     steps, passes = printed()
     assert steps == [1, 4, 6]
     assert passes == ["eval pass: 1 of 2"] * 2  # at steps 0 and 6
+    assert ["ETA" in line for line in lines if "| loss " in line] == [False, True, True]
+    assert lines[-1] == (f"done: eval loss {summary['eval_loss']:.4f} at step 6; outputs in {tmp_path} (checkpoints/, "
+                         "config.json, data_cache/, metrics.jsonl, results.json, samples.txt, summary.json, "
+                         "tensorboard/, tokenizer.json)")
     test_config.train.num_steps = 8
     train(test_config, str(tmp_path), build_experiment, devices=jax.devices()[:1])
     assert printed()[0] == [7, 8]

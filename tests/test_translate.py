@@ -109,8 +109,10 @@ def test_cli_translates_from_the_run_folder(rnn_run, no_data, monkeypatch, capsy
 
     png = tmp_path / "attention.png"
     cli(f"--workdir={rnn_run}", SENTENCE, f"--attention_png={png}", "--beam_size=1")
-    lines = capsys.readouterr().out.splitlines()
+    printed = capsys.readouterr()
+    lines = printed.out.splitlines()
     assert lines == experiment.translate(params, [SENTENCE], 1)
+    assert printed.err.splitlines()[-1] == f"done: the attention map in {png}"
     assert calls == [(rnn_run, "translate")] * 2
     assert png.read_bytes()[:8] == PNG_SIGNATURE
     image = matplotlib.image.imread(png)  # (height, width, RGBA)

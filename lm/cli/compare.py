@@ -14,7 +14,8 @@ train time (summary.json's train_seconds: the last segment's wall time in the tr
 evals and checkpoints included),
 parameters (summary.json) and how many runs diverged. It writes report.md, train_loss.png and
 val_loss.png (mean curve over seeds with a min-max band) into --out (default: the directory), and
-<metric>.png for each other logged metric named by --plot (e.g. BERT's eval_mlm_accuracy).
+<metric>.png for each other logged metric named by --plot (e.g. BERT's eval_mlm_accuracy); its last line says
+where they went.
 
 --against=KEY (a numeric config key, e.g. data.max_train_examples for a learning curve) splits the groups by
 KEY as well and draws, for each --plot metric, <metric>_by_<KEY>.png: the metric's final value (its
@@ -38,6 +39,7 @@ from absl import app, flags
 
 from lm.cli import define_string_once, parse_flags
 from lm.errors import UserError, fail, run_user_errors
+from lm.progress import shown_path
 from lm.runs import (
     CONFIG_FILE,
     CONFIG_REMEDY,
@@ -52,6 +54,7 @@ from lm.runs import (
 )
 
 SPIKE_NATS = 1.0  # the default --spike
+REPORT_FILE = "report.md"
 
 _OUT = define_string_once("out", "Where report.md and the plots go (default: the runs directory).")
 _GROUP_BY = flags.DEFINE_list("group_by", None, "Config keys that name a group (default: every key that "
@@ -240,8 +243,10 @@ def curve_against(runs: list[Run], key: str, against: str) -> tuple[np.ndarray, 
     return (np.array(xs), *(np.array([reduce(finals[x]) for x in xs]) for reduce in (np.mean, np.min, np.max)))
 
 
-def save_against_plots(out: pathlib.Path, runs: list[Run], keys: list[str], against: str, plot: list[str]) -> None:
-    """<metric>_by_<against>.png for each metric in plot: a line per group of runs by keys (curve_against)."""
+def save_against_plots(out: pathlib.Path, runs: list[Run], keys: list[str], against: str,
+                       plot: list[str]) -> list[str]:
+    """<metric>_by_<against>.png for each metric in plot: a line per group of runs by keys (curve_against); returns
+    their names."""
     from lm.plots import save_loss_curves
 
     groups = group_runs(runs, keys)
@@ -250,10 +255,13 @@ def save_against_plots(out: pathlib.Path, runs: list[Run], keys: list[str], agai
         save_loss_curves(out / f"{key}_by_{against}.png", {label: c for label, c in curves.items() if c is not None},
                          key, title=f"final {key} (mean over seeds; band: min to max)",
                          xlabel=against, log_x=True)
+    return [f"{key}_by_{against}.png" for key in plot]
 
 
 def write_report(roots: list[pathlib.Path], out: pathlib.Path, groups: dict[str, list[Run]],
-                 stats: dict[str, dict], spike: float, plot: list[str] = (), against: str | None = None) -> None:
+                 stats: dict[str, dict], spike: float, plot: list[str] = (), against: str | None = None) -> list[str]:
+    """Writes report.md and the loss-curve plots (and one of each metric in plot) into out; returns the plots'
+    names."""
     from lm.plots import save_loss_curves
 
     out.mkdir(parents=True, exist_ok=True)
@@ -272,13 +280,14 @@ def write_report(roots: list[pathlib.Path], out: pathlib.Path, groups: dict[str,
     for label, runs in groups.items():
         lines.append(f"- {label}: " + ", ".join(f"`{run.path.absolute().relative_to(base)}`" for run in runs))
         lines += [f"  - diverged: `{name}`: {why}" for name, why in stats[label]["diverged"].items()]
-    (out / "report.md").write_text("\n".join(lines) + "\n")
+    (out / REPORT_FILE).write_text("\n".join(lines) + "\n")
     plots = {"train_loss": ("loss", "train loss"), "val_loss": ("eval_loss", "val loss")}
     plots.update({key: (key, key) for key in plot})
     for file, (key, name) in plots.items():
         curves = {label: mean_curve(runs, key) for label, runs in groups.items()}
         save_loss_curves(out / f"{file}.png", {label: c for label, c in curves.items() if c is not None}, name,
                          title=f"{name} (mean over seeds; band: min to max)")
+    return [f"{file}.png" for file in plots]
 
 
 def compare(roots: str | list[str], out: str | None = None, group_by: list[str] | None = None,
@@ -300,9 +309,11 @@ def compare(roots: str | list[str], out: str | None = None, group_by: list[str] 
     stats = {label: group_stats(runs, spike) for label, runs in groups.items()}
     print(table(stats))
     out_path = pathlib.Path(out) if out else root_paths[0]
-    write_report(root_paths, out_path, groups, stats, spike, plot, against)
+    plots = write_report(root_paths, out_path, groups, stats, spike, plot, against)
     if against:
-        save_against_plots(out_path, runs, keys, against, plot)
+        plots += save_against_plots(out_path, runs, keys, against, plot)
+    print(f"done: the report in {shown_path(out_path / REPORT_FILE)}; plots in {shown_path(out_path)}: "
+          f"{', '.join(plots)}")
     return stats
 
 

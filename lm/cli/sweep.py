@@ -2,7 +2,7 @@ r"""Run a grid of training runs (a sweep): every combination of the --sweep axes
 
   lm sweep --config=configs/gpt_shakespeare.py:baby --sweep=model.norm_position=pre,post \
       --sweep=seed=0,1,2 --workdir=runs/norm [--parallel=1] [--config.train.num_steps=500 ...]
-  lm sweep --sweep_file=experiments/sweeps/norm_position.py --workdir=runs/norm
+  lm sweep --sweep_file=experiments/studies/norm_position/norm_position.py --workdir=runs/norm
 
 Each arm trains in <workdir>/<arm name> (e.g. runs/norm/model.norm_position=pre,seed=0) through its own
 `lm train` process, --parallel at a time; a crashed arm does not stop the others (its output is
@@ -16,9 +16,11 @@ lm train writes each arm's resolved config to <arm>/config.json. Compare the arm
 
 It prints each arm's start and end (`start arm 3 of 6: seed=2`) and, while arms train, every 30 s that
 one of them logged, a progress line: each running arm's latest step and loss (from its metrics.jsonl)
-and the time left for the whole sweep.
+and the time left for the whole sweep. Its last line says how the arms ended, which one has the lowest final
+eval loss and how to compare them.
 """
 
+import collections
 import concurrent.futures
 import dataclasses
 import importlib.util
@@ -37,8 +39,8 @@ from absl import app, flags
 from lm.cli import define_string_once, define_workdir, parse_flags, reject_arguments
 from lm.cli.overrides import format_value, parse_axis, parse_value, resolve_config, split_config_overrides
 from lm.errors import UserError, run_user_errors
-from lm.progress import format_duration
-from lm.runs import METRICS_FILE, RESULTS_FILE
+from lm.progress import format_duration, shown_path
+from lm.runs import METRICS_FILE, RESULTS_FILE, SUMMARY_FILE
 
 SWEEP_FILE = "sweep.json"
 LOG_FILE = "train.log"  # an arm's lm train output
@@ -271,7 +273,28 @@ def run_sweep(spec: str, axes: dict[str, list[str]], overrides: dict[str, str], 
     finally:
         stop.set()
         reporter.join()
+    print(result_line(arms, workdir))
     return arms
+
+
+def result_line(arms: list[Arm], workdir: pathlib.Path) -> str:
+    """A sweep's last line: how its arms ended, where they are, the arm with the lowest final eval loss (its
+    summary.json's) and the command that compares them."""
+    ended = collections.Counter("finished" if arm.status.startswith("skipped") else arm.status.split(" (")[0]
+                                for arm in arms)
+    losses = {arm.name: loss for arm in arms if (loss := final_eval_loss(arm.workdir)) is not None}
+    best = f"; lowest eval loss {min(losses.values()):.4f} ({min(losses, key=losses.get)})" if losses else ""
+    shown = shown_path(workdir)
+    return (f"done: {len(arms)} arms in {shown} ({', '.join(f'{n} {how}' for how, n in ended.items())}; {SWEEP_FILE} "
+            f"and a folder each){best}; compare them with lm compare {shown}")
+
+
+def final_eval_loss(workdir: pathlib.Path) -> float | None:
+    """The eval loss a run's summary.json records (at its last step), None where there is none."""
+    try:
+        return json.loads((workdir / SUMMARY_FILE).read_text()).get("eval_loss")
+    except (OSError, ValueError):
+        return None
 
 
 _OVERRIDES: dict[str, str] = {}

@@ -11,6 +11,7 @@ Only the run folder is read (config, tokenizers, checkpoint): no data is needed.
 """
 
 import pathlib
+import sys
 
 from absl import app, flags, logging
 
@@ -42,7 +43,8 @@ def check_arguments(sentences: list[str], beam_size: int, length_penalty: float,
 
 def translate(workdir: pathlib.Path, sentences: list[str], beam_size: int, length_penalty: float,
               attention_png: str | None) -> None:
-    """Prints the translation of each sentence, one per line; optionally writes the attention heat map."""
+    """Prints the translation of each sentence, one per line; optionally writes the attention heat map (and says
+where, on stderr)."""
     check_arguments(sentences, beam_size, length_penalty, attention_png)
     experiment, params = load_run(workdir, "translate")
     maps = None
@@ -57,6 +59,7 @@ def translate(workdir: pathlib.Path, sentences: list[str], beam_size: int, lengt
             save_attention_heatmap(attention_png, *maps)
         except OSError as e:
             raise UserError(f"--attention_png={attention_png}: {e}") from e
+        print(f"done: the attention map in {attention_png}", file=sys.stderr)  # (stdout: the translations alone)
 
 
 def main(argv: list[str]) -> None:

@@ -3,6 +3,7 @@
   run_scorer(model, params, tokenizer, context_length)  an lm run's model (the command restores its checkpoint)
   hf_config(directory, base)                           the run config a Hugging Face folder implies (GPT-2, Llama)
   hf_params(directory, config, init)                   its weights in lm's names (as init_from=hf:DIR reads them)
+  hf_summary(directory, config, params)                one line: its architecture, size and context
   hf_tokenizer(directory)                              its tokenizer.json, and the prefix token the harness uses
   hf_end_of_text(directory, tokenizer)                 the id its generation stops at
 
@@ -15,18 +16,15 @@ import pathlib
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import ml_collections
-import numpy as np
 import tokenizers
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import SingleDeviceSharding
 
 from lm.data import bpe, text
 from lm.errors import UserError
 from lm.eval.scoring import Scorer, gpt_apply
 from lm.hf.files import TOKENIZER_CONFIG, TOKENIZER_FILE, Folder
-from lm.hf.source import following
-from lm.train import init_from
+from lm.hf.source import HFSource, following
 
 HARNESS_MAX_LENGTH = 2048  # the harness's context when neither config.json nor the tokenizer gives one
 LENGTH_FIELDS = ("n_positions", "max_position_embeddings", "n_ctx")  # config.json's context, in the harness's order
@@ -106,14 +104,31 @@ def hf_config(directory: str, base: ml_collections.ConfigDict) -> ml_collections
 
 
 def hf_params(directory: str, config: ml_collections.ConfigDict, init) -> dict:
-    """The folder's weights as the params of the model config describes (init: rng -> its variables), on the first
-    device; read as init_from=hf:DIR reads them (lm/hf/source.py)."""
+    """The folder's weights as the params of the model config describes (init: rng -> its variables), in its
+    parameter dtype on the first device; read and checked as init_from=hf:DIR reads them (lm/hf/source.py)."""
     abstract = nn.unbox(jax.eval_shape(init, jax.random.key(0))["params"])
-    fresh = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), abstract)
-    mesh = Mesh(np.array(jax.devices()[:1]), ("devices",))
-    shardings = jax.tree.map(lambda _: NamedSharding(mesh, PartitionSpec()), fresh)
-    plan = init_from.prepare(f"{init_from.HF_PREFIX}{directory}", "", abstract, None, config)
-    return plan.load(fresh, shardings, mesh)
+    source = HFSource(directory, config)
+    on_device = SingleDeviceSharding(jax.devices()[0])
+    params = source.load_params(jax.tree.map(lambda _: on_device, source.abstract_params()))
+    return jax.tree.map(lambda value, wanted: value.astype(wanted.dtype), params, abstract)
+
+
+def parameter_count(params: dict, vocab_size: int) -> int:
+    """The parameters of a GPT's params as transformers counts its model's: without the rows lm pads the vocabulary
+    with (model.vocab_multiple), in the token table and in an untied output kernel."""
+    padding = params["token_embed"]["embedding"].shape[0] - vocab_size
+    heads = 2 if "lm_head" in params else 1
+    return sum(x.size for x in jax.tree.leaves(params)) - heads * padding * params["token_embed"]["embedding"].shape[1]
+
+
+def hf_summary(directory: str, config: ml_collections.ConfigDict, params: dict) -> str:
+    """'--hf=DIR: a GPT2LMHeadModel of 124,439,808 parameters (12 layers, width 768, vocabulary 50257), context
+    1024, float32': the model a folder gave, its parameters counted as transformers counts them."""
+    architecture = Folder(pathlib.Path(directory).expanduser(), f"--hf={directory}").config["architectures"][0]
+    m, d = config.model, config.data
+    return (f"--hf={directory}: a {architecture} of {parameter_count(params, d.vocab_size):,} parameters "
+            f"({m.num_layers} layers, width {m.embed_dim}, vocabulary {d.vocab_size}), context {d.context_length}, "
+            f"{m.compute_dtype}")
 
 
 def token_id(tokenizer: tokenizers.Tokenizer, token) -> int | None:

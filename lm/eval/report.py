@@ -12,6 +12,10 @@ from lm.eval.tasks import Task, aggregate, documents
 
 EVAL_FILE = "eval.json"
 WIKITEXT_NOTE = "wikitext: WikiText-2's tokenised release (<unk> for rare words), not the raw text the harness reads"
+LAMBADA_NOTE = ("lambada_openai: perplexity of the passages' last words (exp of minus their mean log-likelihood); acc: "
+                "the share of passages whose last word is the model's greedy continuation")
+# the notes the table ends with, for the tasks whose metrics need saying what they are
+NOTES = {"lambada_openai": LAMBADA_NOTE, "wikitext": WIKITEXT_NOTE}
 
 
 @dataclasses.dataclass
@@ -27,9 +31,9 @@ def responses(scorer: Scorer, task: Task, task_documents: list) -> list:
     """Each document's responses: the (log-likelihood, is_greedy) of its requests (one per choice, or LAMBADA's
     one), all the task's requests scored together; a WikiText page's rolling log-likelihood."""
     if task.kind == "rolling":
-        return rolling_loglikelihoods(scorer, [page.text for page in task_documents])
+        return rolling_loglikelihoods(scorer, [page.text for page in task_documents], task.name)
     requests = [document.requests if task.kind == "multiple_choice" else (document,) for document in task_documents]
-    flat = iter(loglikelihoods(scorer, [request for document in requests for request in document]))
+    flat = iter(loglikelihoods(scorer, [request for document in requests for request in document], task.name))
     return [[next(flat) for _ in document] for document in requests]
 
 
@@ -49,7 +53,8 @@ def evaluate(scorer: Scorer, tasks: list[Task], limit: int | None = None) -> lis
 
 
 def table(results: list[TaskResult]) -> str:
-    """task | metric | value | stderr | documents, one row per metric ('-' where there is no standard error)."""
+    """task | metric | value | stderr | documents, one row per metric ('-' where there is no standard error), then
+    a line for each task whose metrics need saying what they are (NOTES)."""
     rows = [("task", "metric", "value", "stderr", "n")]
     for result in results:
         for metric in result.task.metrics:
@@ -59,8 +64,7 @@ def table(results: list[TaskResult]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [" | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
     lines.insert(1, "-|-".join("-" * width for width in widths))
-    if any(result.task.name == "wikitext" for result in results):
-        lines.append(WIKITEXT_NOTE)
+    lines += [NOTES[result.task.name] for result in results if result.task.name in NOTES]
     return "\n".join(lines)
 
 

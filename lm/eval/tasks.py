@@ -24,6 +24,7 @@ has none for WikiText's).
 """
 
 import dataclasses
+import difflib
 import gzip
 import json
 import math
@@ -184,13 +185,28 @@ TASKS = {task.name: task for task in (
 )}
 
 
+# the harness's groups whose name a user may give for one of lm's tasks: {group: (lm's task, what the group is)}
+GROUPS = {"lambada": ("lambada_openai", "the harness's lambada is a group of lambada_openai and lambada_standard; "
+                                        "lm scores lambada_openai")}
+
+
+def unknown_task(name: str) -> str:
+    """'helaswag' (did you mean hellaswag?): an unknown name with the task it most likely means, if any."""
+    if name in GROUPS:
+        task, group = GROUPS[name]
+        return f"{name!r} (did you mean {task}? {group})"
+    close = difflib.get_close_matches(name, TASKS, n=1)
+    return f"{name!r}{f' (did you mean {close[0]}?)' if close else ''}"
+
+
 def parse_tasks(text: str) -> list[Task]:
-    """'hellaswag,piqa' -> those tasks, in order; an unknown name is a UserError listing the known ones."""
+    """'hellaswag,piqa' -> those tasks, in order; an unknown name is a UserError suggesting the task it most likely
+    means (lambada: lambada_openai) and listing the known ones."""
     names = [name.strip() for name in text.split(",") if name.strip()]
-    unknown = [name for name in names if name not in TASKS]
+    unknown = [unknown_task(name) for name in names if name not in TASKS]
     if unknown or not names:
-        raise UserError(f"--tasks={text}: unknown task {', '.join(map(repr, unknown)) or '(none given)'}; the "
-                        f"tasks are {', '.join(TASKS)}")
+        raise UserError(f"--tasks={text}: unknown task {', '.join(unknown) or '(none given)'}; the tasks are "
+                        f"{', '.join(TASKS)}")
     return [TASKS[name] for name in dict.fromkeys(names)]
 
 

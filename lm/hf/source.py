@@ -14,7 +14,7 @@ import ml_collections
 from flax import traverse_util
 
 from lm.errors import UserError
-from lm.hf import ARCHITECTURES
+from lm.hf import ARCHITECTURES, LANGUAGE_MODELS
 from lm.hf.files import Folder
 from lm.hf.mapping import Fields, Limits, Rule, apply, differences, excesses, overrides
 from lm.layers.options import declared_copy
@@ -54,6 +54,13 @@ def following(directory: str, config: ml_collections.ConfigDict) -> ml_collectio
     return config
 
 
+def experiments_of(module: ModuleType) -> tuple[str, ...]:
+    """The experiments whose model an architecture's folder holds: a causal language model's (module.EXPERIMENT
+    language_model) starts any of LANGUAGE_MODELS (pretraining, supervised fine-tuning, DPO: all lm's GPT), any
+    other architecture its module's EXPERIMENT alone."""
+    return LANGUAGE_MODELS if module.EXPERIMENT in LANGUAGE_MODELS else (module.EXPERIMENT,)
+
+
 def describe(found, over, architecture: str) -> str:
     """'model.embed_dim=64 (config.json n_embd=32), data.context_length=64 (at most config.json n_positions=32)':
     the fields that differ (found, from differences), then those over their limits (over, from excesses)."""
@@ -70,8 +77,9 @@ class HFSource:
         location = f"init_from=hf:{directory}"
         self.folder, self.architecture, module, fields, limits = read_folder(directory, location)
         hf = self.folder.config
-        if config.experiment != module.EXPERIMENT:
-            raise UserError(f"{location} is a {self.architecture}, for an experiment={module.EXPERIMENT} run; "
+        accepted = experiments_of(module)
+        if config.experiment not in accepted:
+            raise UserError(f"{location} is a {self.architecture}, for an experiment={' or '.join(accepted)} run; "
                             f"this run's experiment is {config.experiment}")
         found, over = differences(fields, config), excesses(limits, config)
         if found or over:
@@ -83,8 +91,9 @@ class HFSource:
         except UserError as e:
             raise UserError(f"{location}: {e}") from None
         self.file_names = self.names_in_rules(module, location)
-        print(f"{location}: a {self.architecture}; this run's config agrees with its config.json in "
-              + " ".join(f"{key}={value}" for key, (value, _) in fields.items()))
+        # what a run starting from the folder prints (lm/train/init_from.py open_source)
+        self.agreement = (f"{location}: a {self.architecture}; this run's config agrees with its config.json in "
+                          + " ".join(f"{key}={value}" for key, (value, _) in fields.items()))
         self.description = f"hf:{directory} ({self.architecture})"
 
     def names_in_rules(self, module, location: str) -> dict[str, str]:

@@ -110,12 +110,13 @@ def config_value(field: dataclasses.Field, value: Any) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class Description:
-    """What a config key means, in one line, and the values it may take (choices, bounds; None: any of
-    its type)."""
+    """What a config key means, in one line, the values it may take (choices, bounds; None: any of its type)
+    and its declared default (what a key its config leaves alone holds: `left_at_default`)."""
 
     doc: str
     choices: tuple | None = None
     bounds: Range | None = None
+    default: Any = None
 
 
 _DESCRIPTIONS: dict[int, dict[str, Description]] = {}  # id(section) -> {key: Description}, while the section lives
@@ -133,7 +134,7 @@ def _describe(section: ml_collections.ConfigDict, key: str, declared: dataclasse
     """Keeps the description, choices and bounds of an `option` beside section, for its key."""
     choices = declared.metadata.get("choices")
     _keep(section, key, Description(doc(declared), None if choices is None else tuple(choices),
-                                    declared.metadata.get("bounds")))
+                                    declared.metadata.get("bounds"), config_value(declared, declared.default)))
 
 
 def declare(section: ml_collections.ConfigDict, **options: dataclasses.Field) -> ml_collections.ConfigDict:
@@ -148,6 +149,14 @@ def declare(section: ml_collections.ConfigDict, **options: dataclasses.Field) ->
 def description(section: ml_collections.ConfigDict, key: str) -> Description | None:
     """What was declared for section[key]; None where the section's builder declared nothing."""
     return _DESCRIPTIONS.get(id(section), {}).get(key)
+
+
+def left_at_default(section: ml_collections.ConfigDict, key: str) -> bool:
+    """Whether section[key] holds its declared default: what derived values may fill in (e.g. a language
+    model's data.vocab_size, from its tokenizer). False where nothing was declared (a config read back from
+    a run's config.json): its values are all taken as set."""
+    declared = description(section, key)
+    return declared is not None and key in section and section[key] == declared.default
 
 
 def declared_copy(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

@@ -6,7 +6,7 @@ switches (--config.model.norm=rms, --config.model.position=rope, --config.model.
 fields of TransformerConfig and MoeConfig (lm/layers/transformer.py), where each option is declared
 once with its default, description and allowed values.
 
-The README's table of architecture switches lists every option but those in NOT_ABLATIONS (a test
+The table of architecture switches in docs/configs.md lists every option but those in NOT_ABLATIONS (a test
 checks both against the fields).
 """
 
@@ -18,7 +18,7 @@ from lm.layers.attention import fallback_note
 from lm.layers.options import declared_section, from_section
 from lm.layers.transformer import COMPUTE_DTYPES, TransformerConfig
 
-# The options that are not ablation switches, so the README's switch table leaves them out: the model
+# The options that are not ablation switches, so the switch table of docs/configs.md leaves them out: the model
 # size, which each config variant sets, and how the model is computed, not what it computes (the
 # table of performance switches in docs/performance.md).
 NOT_ABLATIONS = {

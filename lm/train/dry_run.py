@@ -14,7 +14,7 @@ from lm import sharding
 from lm.layers.moe import parameter_counts
 from lm.train.init_from import model_from_source
 from lm.train.metrics import format_bytes
-from lm.train.optim import trainable
+from lm.train.optim import trainable, trainable_line
 from lm.train.setup import MakeExperiment, build
 
 
@@ -66,6 +66,8 @@ def dry_run(config: ml_collections.ConfigDict, make_experiment: MakeExperiment,
     print(f"dry run: mesh {dict(mesh.shape)} of {mesh.size} x {mesh.devices.flat[0].device_kind} | "
           f"global batch {tcfg.batch_size} (x {tcfg.grad_accum_steps} accumulation steps)")
     print(f"parameters        {report['num_params']:,} ({active_params:,} active)")
+    if lora := trainable_line(state_shapes.params):
+        print(f"LoRA              {lora}")
     print(f"memory per device arguments {format_bytes(report['argument_bytes'])} | outputs "
           f"{format_bytes(report['output_bytes'])} ({format_bytes(report['alias_bytes'])} of them donated inputs) | "
           f"temporaries {format_bytes(report['temp_bytes'])} | code {format_bytes(report['code_bytes'])} | "

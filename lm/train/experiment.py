@@ -5,7 +5,10 @@ short name, such as `language_model`, or a dotted module path, such as `mypkg.ta
 
   build(config, workdir) -> Experiment         the task, ready to train (reads its data; workdir: the run
                                                folder, where an earlier attempt saved what it may reuse,
-                                               or None outside a run)
+                                               or None outside a run); its .config is the one the trainer
+                                               runs with and saves: config, or a copy with what config
+                                               leaves to the data filled in (a language model's vocabulary
+                                               size, from its tokenizer)
   from_workdir(config, workdir) -> Experiment  the task of a trained run, for the inference commands
                                                (its saved assets, no training data)
 

@@ -7,8 +7,9 @@ freshly initialised parameters by name:
      longest matching prefix wins; an empty right side leaves the subtree out);
   2. each Transformer stack of the source takes this model's layer layout: unrolled block_<i> or
      scanned 'blocks' (lm.layers.transformer.stack_layers / unstack_layers);
-  3. a parameter both have is loaded (the shapes must be equal: else one UserError naming the model
-     fields in which the source run's config.json differs from this config, or where none does the
+  3. a parameter both have is loaded (the shapes must be equal: else one UserError naming the fields
+     in which the source run's config.json differs from this config, the data field that sizes that
+     parameter first (data.context_length, data.vocab_size: shape_fields), or where none does the
      parameter and both shapes), one only this model has keeps its fresh initialisation (a new head),
      one only the source has is dropped.
 The shapes are checked on the abstract trees, before anything is compiled or written; the arrays
@@ -119,11 +120,13 @@ HF_PREFIX = "hf:"  # init_from=hf:DIR: a local Hugging Face model folder
 
 def open_source(location: str, config: ml_collections.ConfigDict) -> ParamSource:
     """The ParamSource that init_from names: hf:DIR, a Hugging Face folder checked against this run's
-    config (lm/hf/source.py); anything else, an lm run's checkpoint."""
+    config (lm/hf/source.py; prints the fields they agree in); anything else, an lm run's checkpoint."""
     if location.startswith(HF_PREFIX):
         from lm.hf.source import HFSource
 
-        return HFSource(location.removeprefix(HF_PREFIX), config)
+        source = HFSource(location.removeprefix(HF_PREFIX), config)
+        print(source.agreement)
+        return source
     return CheckpointSource(location)
 
 
@@ -290,8 +293,9 @@ def prepare(location: str, rename: str, abstract_params: dict, resumed_step: int
     """The checked InitFrom for init_from=location (with init_from_rename=rename) into
     a model of abstract_params, this run's config's; None without init_from, or when the run resumes from its own
     checkpoint at resumed_step (then init_from is ignored, which it says). A source parameter of another shape
-    is a UserError naming the model fields in which the source run's config.json differs from config, with
-    both values and the flags that match it; the parameter and both shapes where no field differs."""
+    is a UserError naming the fields in which the source run's config.json differs from config that may explain
+    it (shape_fields), with both values and the flags that match it; the parameter and both shapes where no
+    field differs."""
     if not location:
         if config.get("init_from_adapters"):
             raise UserError(f"init_from_adapters={config.init_from_adapters} needs init_from: the base model the "
@@ -306,7 +310,7 @@ def prepare(location: str, rename: str, abstract_params: dict, resumed_step: int
         return plan(with_adapters(source, config, abstract_params), renames, abstract_params)
     except OtherShapes as e:
         saved = source.run_config if isinstance(source, CheckpointSource) else None
-        fields = differing_fields(saved, config, ("model",)) if saved else []
+        fields = shape_fields(saved, config, e.parameter) if saved else []
         if not fields:
             raise
         raise UserError(f"init_from={location} holds a model with {settings(fields, saved=True)} (its "
@@ -316,7 +320,26 @@ def prepare(location: str, rename: str, abstract_params: dict, resumed_step: int
 
 class OtherShapes(UserError):
     """A source parameter of another shape than this model's (prepare names the config fields that
-    explain it, where the source run's config.json has them)."""
+    explain it, where the source run's config.json has them). parameter: its name in this model."""
+
+    def __init__(self, message: str, parameter: str):
+        super().__init__(message)
+        self.parameter = parameter
+
+
+DATA_SHAPES = {"data.context_length": "position_embed", "data.vocab_size": "token_embed"}  # field: the table it sizes
+
+
+def shape_fields(saved: dict, config: ml_collections.ConfigDict, parameter: str) -> list:
+    """The fields in which the source run's config.json (saved) differs from config that may give this model's
+    parameter another shape, the cause first: a data field sizing that table (DATA_SHAPES: data.context_length
+    for the learned positions, data.vocab_size for the token table), then the model section's, its LoRA fields
+    (model.lora.*) only for an adapter's parameter (a base model's parameters keep their shapes under LoRA)."""
+    data = [field for field in differing_fields(saved, config, ("data",))
+            if field[0] in DATA_SHAPES and parameter.startswith(DATA_SHAPES[field[0]])]
+    model = [field for field in differing_fields(saved, config, ("model",))
+             if not field[0].startswith("model.lora.") or "lora" in parameter]
+    return data + model
 
 
 def plan(source: ParamSource, renames: Renames, abstract_params: dict) -> InitFrom:
@@ -337,7 +360,7 @@ def plan(source: ParamSource, renames: Renames, abstract_params: dict) -> InitFr
             raise OtherShapes(
                 f"init_from: {name} is {incoming[name].shape} in {source.description} but {leaf.shape} in "
                 "this model; fix the config, or leave that source subtree out (this model's fresh initialisation "
-                "is kept there) with --config.init_from_rename='SUBTREE:'"
+                "is kept there) with --config.init_from_rename='SUBTREE:'", name
             )
     sizes = {name: math.prod(leaf.shape) for name, leaf in {**incoming, **target}.items()}
     return InitFrom(source, renames, loaded=[name for name in target if name in incoming],

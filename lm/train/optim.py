@@ -20,7 +20,7 @@ from lm.layers.lora import has_adapters, is_adapter
 from lm.layers.moe import EXPERTS_NAME
 from lm.layers.options import check_declared, declared_copy
 from lm.layers.transformer import SCANNED_NAME
-from lm.train.options import DERIVED, OPTIMIZERS, SCHEDULES
+from lm.train.options import DERIVED, OPTIMIZERS, SCHEDULES, derived_eval_every
 
 
 def resolve_schedule(config: ml_collections.ConfigDict, recorded: dict | None = None) -> ml_collections.ConfigDict:
@@ -29,7 +29,8 @@ def resolve_schedule(config: ml_collections.ConfigDict, recorded: dict | None = 
     holds, so that a resumed run keeps its schedule), else decay_steps = train.num_steps (1 for a run of 0
     steps) and warmup_steps = warmup_fraction of decay_steps, rounded. One exception: a WSD schedule's derived
     decay_steps is always train.num_steps, so that a run resumed with more steps goes on in its stable phase
-    and decays at its new end (wsd_resume_limit). Explicit values stay. The trainer, its dry run and
+    and decays at its new end (wsd_resume_limit). An eval.every left at DERIVED becomes derived_eval_every of
+    train.num_steps (the run's own, a resumed one's too). Explicit values stay. The trainer, its dry run and
     config.json all use this copy; resolving it again changes nothing. First every declared choice and range
     of config is checked (check_declared: every run passes here before anything is written or compiled); the
     copy keeps the declarations."""
@@ -43,6 +44,8 @@ def resolve_schedule(config: ml_collections.ConfigDict, recorded: dict | None = 
     if cfg.warmup_steps == DERIVED:
         derived = round(cfg.warmup_fraction * resolved.optimizer.decay_steps)
         resolved.optimizer.warmup_steps = recorded.get("warmup_steps", derived)
+    if config.get("eval") is not None and config.eval.get("every") == DERIVED:
+        resolved.eval.every = derived_eval_every(config.train.num_steps)
     return resolved
 
 
@@ -157,6 +160,18 @@ def trainable(params):
     adapters_only = has_adapters(params)
     return jax.tree_util.tree_map_with_path(lambda path, _: not adapters_only or is_adapter(path), params,
                                             is_leaf=lambda x: isinstance(x, nn.Partitioned))
+
+
+def trainable_line(params) -> str | None:
+    """Where params (arrays or ShapeDtypeStructs) hold LoRA adapters, what trains, as peft's
+    print_trainable_parameters says it: 'trainable params: 294,912 || all params: 124,734,720 || trainable%:
+    0.2364' (all params: the adapters too); None where every parameter trains."""
+    if not has_adapters(params):
+        return None
+    sizes = [math.prod(leaf.shape) for leaf in jax.tree.leaves(params)]
+    total = sum(sizes)
+    trained = sum(size for size, train in zip(sizes, jax.tree.leaves(trainable(params)), strict=True) if train)
+    return f"trainable params: {trained:,d} || all params: {total:,d} || trainable%: {100 * trained / total:.4f}"
 
 
 def frozen_gradients_stopped(params):

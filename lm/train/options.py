@@ -2,6 +2,8 @@
 lm/train/loop.py read them) and mesh; configs pass what differs from these defaults. Each key is declared
 with its description (lm/layers/options.py `declare`), which `lm train --print_config` lists."""
 
+import math
+
 import ml_collections
 
 from lm.layers.options import SHARE_BELOW_ONE, Range, above, at_least, declare, option
@@ -10,9 +12,29 @@ NONFINITE_POLICIES = ("stop", "skip")  # train.on_nonfinite: end the run, or ski
 OPTIMIZERS = ("adamw", "muon", "adafactor", "lion", "sgd")  # optimizer.name (lm/train/optim.py update_rule)
 SCHEDULES = ("cosine", "wsd", "linear", "constant")  # optimizer.schedule (lm/train/optim.py learning_rate_schedule)
 DECAY_SHAPES = ("linear", "cosine", "1-sqrt")  # optimizer.decay_shape: how WSD's decay falls
-DERIVED = -1  # optimizer.warmup_steps / decay_steps: derived from the run (lm/train/optim.py resolve_schedule)
+DERIVED = -1  # optimizer.warmup_steps / decay_steps, eval.every: from the run (lm/train/optim.py resolve_schedule)
 ALL_LEFT = at_least(1, -1)  # a mesh axis: a number of devices, or -1: all that the other axes leave
+EVALUATIONS_PER_RUN = 8  # a derived eval.every gives a run this many evaluations, or up to twice as many
 
+
+def derived_eval_every(num_steps: int) -> int:
+    """eval.every for a run of num_steps steps: num_steps / EVALUATIONS_PER_RUN rounded down to a readable
+    interval (1, 2, 2.5 or 5 times a power of ten, a whole number: 250 for 2000 steps, 10 for 120), at least 1."""
+    target = num_steps / EVALUATIONS_PER_RUN
+    if target < 1:
+        return 1
+    power = 10 ** math.floor(math.log10(target))
+    readable = [m * power for m in (1, 2, 2.5, 5) if m * power <= target and float(m * power).is_integer()]
+    return int(max(readable))
+
+
+
+def eval_every_option(what: str):
+    """The declared eval.every of an experiment family: steps between its evaluations (`what`), derived from
+    train.num_steps unless set (resolve_schedule)."""
+    return option(DERIVED, f"steps between {what}; {DERIVED}: about an eighth of train.num_steps (8 to 16 "
+                           "evaluations a run: lm/train/options.py derived_eval_every); 0: none while training",
+                  bounds=at_least(0, DERIVED))
 
 def run_options(experiment: str, **overrides) -> ml_collections.ConfigDict:
     """The top of every config: the experiment module (experiments/<name>.py), the seed, and where

@@ -219,7 +219,8 @@ def build(config: ml_collections.ConfigDict, make_experiment: MakeExperiment,
     (the build of the module config.experiment names: the `lm` command resolves it), after checking that
     the mesh fits the devices and divides the batch; turns on (and names) the compilation cache of
     train.compilation_cache_dir, before anything is compiled. Its config is config with the schedule's
-    lengths resolved (resolve_schedule, which first checks the config's declared choices and ranges); a
+    lengths resolved (resolve_schedule, which first checks the config's declared choices and ranges), as the
+    experiment holds it (experiment.config: with what it derived from its data); a
     schedule that does not end with the run is printed (one line); a train.profile window that is malformed or
     outside the run is a UserError (lm.train.profile.profile_window)."""
     config = resolve_schedule(config)  # first checks every declared choice and range (check_declared)
@@ -232,5 +233,6 @@ def build(config: ml_collections.ConfigDict, make_experiment: MakeExperiment,
     sharding.check_batch(config.train.batch_size, config.train.grad_accum_steps, mesh)
     rules = sharding.logical_rules(config.sharding_rules)
     experiment = make_experiment(config, workdir)
+    config = experiment.config  # with what it derived from its data (lm/train/experiment.py)
     optimizer = make_optimizer(config.optimizer)
     return Setup(config, mesh, rules, experiment, optimizer, state_builder(experiment, optimizer))
