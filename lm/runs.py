@@ -46,11 +46,17 @@ def writing(path: pathlib.Path) -> Iterator[None]:
 
 def write_whole(path: pathlib.Path, text: str) -> None:
     """Writes text into path, whole or not at all (a temporary file renamed over it): a run killed meanwhile,
-    or a failed write, leaves the old file."""
+    or a failed write, leaves the old file; a failed write (a full disk) removes its partial file too, so that it
+    leaves the folder as it was."""
     partial = path.with_name(f"{path.name}.partial")
-    with writing(path):
-        partial.write_text(text)
-    partial.replace(path)
+    try:
+        with writing(path):
+            partial.write_text(text)
+        partial.replace(path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)
+        raise
 
 
 def write_json(path: pathlib.Path, value: dict) -> None:
@@ -94,16 +100,23 @@ def saved_config(location: str | pathlib.Path) -> dict | None:
     """The config.json lm train wrote for the run at location (a local path): a run folder, or the run's
     checkpoints folder or one step's folder in it (where train.checkpoint_dir left them); None where there is
     none (a URL; checkpoints that train.checkpoint_dir put elsewhere). A damaged one is a UserError."""
+    folder = run_folder(location)
+    return None if folder is None else read_json(folder / CONFIG_FILE, CONFIG_REMEDY)
+
+
+def run_folder(location: str | pathlib.Path) -> pathlib.Path | None:
+    """The run folder of location, as saved_config finds it (the folder holding its config.json and assets); None
+    where there is none."""
     if "://" in str(location):
         return None
     place = pathlib.Path(location).expanduser().absolute()
     if (place / CONFIG_FILE).is_file():
-        return read_json(place / CONFIG_FILE, CONFIG_REMEDY)
+        return place
     for workdir in place.parents[:2]:
         if (workdir / CONFIG_FILE).is_file() and place.is_relative_to(workdir / CHECKPOINTS_DIR):
             config = read_json(workdir / CONFIG_FILE, CONFIG_REMEDY)
             if not config.get("train", {}).get("checkpoint_dir"):
-                return config
+                return workdir
     return None
 
 

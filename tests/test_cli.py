@@ -260,6 +260,63 @@ def test_lm_help_lists_every_command_and_an_unknown_one_is_one_line():
                                            "prepare, sweep, compare, translate (lm --help says what each does)"]
 
 
+@pytest.mark.parametrize("args", [("eval", "--help"), ("--help",)], ids=["eval --help", "--help"])
+def test_output_into_a_pipe_nobody_reads_is_dropped_without_a_traceback(args):
+    """`lm eval --help | head -1`: head has gone when the rest of the help is written (here the pipe has no reader
+    from the start). The command ends as it would have, exit 0, nothing on stderr."""
+    reader, writer = os.pipe()
+    os.close(reader)
+    try:
+        result = subprocess.run([sys.executable, "-m", "lm", *args], cwd=REPO, env=subprocess_env(), stdout=writer,
+                                stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(writer)
+    assert (result.returncode, result.stderr) == (0, "")
+
+
+def test_a_steady_stream_drops_what_a_gone_reader_cannot_take():
+    """lm.console's wrapper of sys.stdout and sys.stderr, around a stream without a file descriptor (a notebook's,
+    say) whose reader has gone: its writes and flushes succeed from then on, and go nowhere."""
+    import io
+
+    from lm.console import SteadyStream, steady
+
+    class Gone(io.StringIO):
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    stream = steady(Gone())
+    assert isinstance(stream, SteadyStream) and steady(stream) is stream
+    assert stream.write("lost") == 4
+    print("also lost", file=stream, flush=True)
+    assert stream.closed is False  # (the rest of the stream as it is)
+
+
+def test_train_help_says_the_compilation_cache_is_on():
+    """The persistent compilation cache is on unless a config turns it off: lm train --help says so, with its
+    folder and how to turn it off."""
+    from lm.cli import command_help
+    from lm.cli import train as train_cli
+    from lm.train.options import train_options
+
+    assert train_options().compilation_cache_dir == "auto"
+    text = " ".join(command_help(train_cli).split())
+    assert "The persistent compilation cache is on by default (--config.train.compilation_cache_dir=auto" in text
+    assert "~/.cache/lm/jax_compilation_cache" in text and "=none: off" in text
+
+
+def test_what_the_commands_write_into_the_repository_is_ignored_by_git():
+    """The folders the documented commands write into a checkout (runs/ by lm train, data/ by lm prepare,
+    exported/ by lm export) are ignored by git; the library's own lm/data and the studies' reports are not."""
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    written = ["runs/baby/config.json", "data/bpe/train.bin", "exported/gpt2_finetune/model.safetensors"]
+    tracked = ["lm/data/text.py", "experiments/studies/README.md"]
+    result = subprocess.run(["git", "check-ignore", "--no-index", *written, *tracked], cwd=REPO, capture_output=True,
+                            text=True)
+    assert result.stdout.split() == written, result.stderr
+
+
 def test_eval_scores_a_checkpoint_as_the_trainer_did(trained_run, tmp_path, capsys):
     """`lm eval` on the shared 40-step run: the eval loss its trainer logged at step 40 and the held-out
     results it wrote, again, in <out>/eval.json; a step without a checkpoint is one line."""
@@ -272,6 +329,8 @@ def test_eval_scores_a_checkpoint_as_the_trainer_did(trained_run, tmp_path, caps
     trained = json.loads((workdir / "results.json").read_text())
     assert written["step"] == trained["step"] == 40
     np.testing.assert_allclose(written["eval_loss"], summary["eval_loss"], rtol=1e-5)
+    assert result.stdout.splitlines()[-1] == \
+        f"done: eval loss {written['eval_loss']:.4f} at step 40; written: {tmp_path / 'eval.json'}"
     assert trained.keys() - {"step"} and trained.keys() <= written.keys()
     for key in trained.keys() - {"step"}:
         np.testing.assert_allclose(written[key], trained[key], rtol=1e-5)

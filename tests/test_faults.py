@@ -4,9 +4,12 @@ Each gives one line on stderr, exit code 2, and loses nothing."""
 
 import errno
 import os
+import pathlib
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 
 import jax
 import numpy as np
@@ -22,7 +25,7 @@ from lm.cli.resolve import build_experiment
 from lm.data.text import CharTokenizer
 from lm.errors import UserError
 from lm.train.checkpoint import finished_steps
-from lm.train.loop import Trainer, train
+from lm.train.loop import Stopped, Trainer, train
 from lm.train.setup import restore_params
 
 
@@ -104,6 +107,24 @@ def test_checksums_catch_a_flipped_byte_and_fall_back_only_to_a_verified_checkpo
     assert snapshot(workdir / "metrics.jsonl") == metrics
     # and so it stays: a rerun does not start from step 0 by itself
     assert_user_error(train_in_process(capsys, workdir, "--config.train.restore_fallback=True"), "no checkpoint in")
+
+
+def test_a_fallback_keeps_a_checkpoint_an_earlier_fallback_set_aside(run_copy, capsys):
+    """An earlier fallback set the step-40 checkpoint aside, the run trained to step 40 again, and that one is
+    damaged too: it goes beside the first (40.corrupt.1), and both are named when nothing is left to restore."""
+    config, _, workdir = run_copy
+    checkpoints = workdir / "checkpoints"
+    shutil.copytree(checkpoints / "40", checkpoints / "40.corrupt")
+    (checkpoints / "40" / "state" / "_METADATA").write_text("garbage")
+    # num_steps=30: the run restored from step 30 has nothing left to train (and trains nothing here)
+    result = train_in_process(capsys, workdir, "--config.train.num_steps=30", "--config.train.restore_fallback=True")
+    assert result.returncode == 0 and "resumed from step 30" in result.stdout, result.stderr[-2000:]
+    assert f"moved it to {checkpoints / '40.corrupt.1'}; resuming from step 30" in result.stderr
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["30", "40.corrupt", "40.corrupt.1"]
+
+    (checkpoints / "30" / "state" / "_METADATA").write_text("garbage")
+    result = train_in_process(capsys, workdir, "--config.train.num_steps=50", "--config.train.restore_fallback=True")
+    assert_user_error(result, "no checkpoint in", "set aside: 30.corrupt, 40.corrupt, 40.corrupt.1")
 
 
 def test_a_checkpoint_without_checksums_restores_unverified(run_copy):
@@ -250,6 +271,82 @@ def test_a_failed_write_is_one_line_naming_the_intact_checkpoint(run_copy, capsy
         assert finished_steps(workdir / "checkpoints")[-1] == step
         params = restore_params(config, build_experiment(config, workdir), workdir, step=step)  # (its data cache)
         assert all(np.isfinite(np.asarray(p)).all() for p in jax.tree.leaves(params))
+
+
+def test_a_resume_on_a_full_disk_leaves_the_workdir_as_it_was(run_copy, capsys, monkeypatch):
+    """The disk is full before the rerun starts: a file lm train writes is made, but none of its bytes fit. The
+    one line, and the workdir as it was (no partial file left behind, no lock file)."""
+    _, _, workdir = run_copy
+    write_text = pathlib.Path.write_text
+
+    def no_space(path, text, *args, **kwargs):
+        if workdir not in path.parents:
+            return write_text(path, text, *args, **kwargs)
+        path.touch()  # (the file is made; its bytes do not fit)
+        if text:
+            raise OSError(errno.ENOSPC, ENOSPC)
+        return 0
+
+    before = snapshot(workdir)
+    with monkeypatch.context() as patch:
+        patch.setattr(pathlib.Path, "write_text", no_space)
+        result = train_in_process(capsys, workdir, "--config.train.num_steps=50")
+    assert_user_error(result, f"writing {workdir}/config.json failed ({ENOSPC})", "the checkpoint at step 40 is intact")
+    assert snapshot(workdir) == before
+
+
+def interrupt_after_leaving(reader: int, first_line: str) -> threading.Thread:
+    """A thread that reads the lines of the pipe whose read end is reader up to one starting with first_line,
+    closes the pipe (the reader is gone, as tee when Ctrl-C ends it) and sends this process SIGINT."""
+    def leave_and_interrupt():
+        with open(reader) as lines:
+            next(line for line in lines if line.startswith(first_line))
+        os.kill(os.getpid(), signal.SIGINT)
+
+    thread = threading.Thread(target=leave_and_interrupt, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_stdout_whose_reader_is_gone_costs_no_checkpoint(tmp_path, data_dir, test_config, monkeypatch):
+    """`lm train ... | tee log`, then Ctrl-C: the SIGINT ends tee too, and the run's next progress line goes into
+    a pipe nobody reads (BrokenPipeError). The run still finishes the step, saves its checkpoint and stops."""
+    test_config.train.update(num_steps=100_000, log_every=1, checkpoint_every=100_000)
+    test_config.eval.every = 100_000
+    workdir = tmp_path / "run"
+    reader, writer = os.pipe()
+    stdout = open(writer, "w", buffering=1)  # (closed below)
+    monkeypatch.setattr(sys, "stdout", stdout)
+    interrupt_after_leaving(reader, "step      5 |")
+    try:
+        with pytest.raises(Stopped, match="SIGINT: saved a checkpoint at step") as stopped:
+            train(test_config, str(workdir), build_experiment, devices=jax.devices()[:1])
+    finally:
+        monkeypatch.undo()
+        stdout.close()
+    assert stopped.value.step >= 5
+    assert finished_steps(workdir / "checkpoints") == [stopped.value.step]
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_lm_train_into_a_pipe_saves_and_the_rerun_resumes(tmp_path, data_dir):
+    """`lm train ... 2>&1 | tee log` and Ctrl-C, as the terminal sends it: SIGINT to lm train and to tee, which
+    ends. The run saves a checkpoint and exits 130, saying so to nobody; the rerun resumes from that step."""
+    workdir = tmp_path / "run"
+    args = [sys.executable, "-m", "lm", "train", CONFIG, f"--workdir={workdir}", "--config.train.num_steps=100000",
+            "--config.train.log_every=1", "--config.eval.every=100000", "--config.train.checkpoint_every=100000"]
+    process = subprocess.Popen(args, cwd=REPO, env=subprocess_env(), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    next(line for line in process.stdout if line.startswith("step     20 |"))
+    process.stdout.close()  # tee has gone
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=120) == 128 + signal.SIGINT
+    (saved,) = finished_steps(workdir / "checkpoints")
+    assert 20 <= saved < 100000
+    rerun = [*args[:6], f"--config.train.num_steps={saved + 2}", "--config.eval.every=100000"]  # (its workdir)
+    result = subprocess.run(rerun, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"resumed from step {saved}" in result.stdout
 
 
 @pytest.mark.parametrize("content, fragment", [(b"", "is empty"), (b"\xff\xfe\x00bad", "is not UTF-8 text")])

@@ -5,6 +5,7 @@ WordPiece vocabulary too); greedy generation matches transformers' token for tok
 is one line."""
 
 import json
+import os
 import pathlib
 import shutil
 import string
@@ -367,3 +368,23 @@ def test_a_run_starts_from_a_hf_folder_and_the_export_cli_writes_it_back(tmp_pat
     for field in ("n_layer", "n_head", "n_embd", "n_inner", "vocab_size", "activation_function"):
         assert written[field] == fixture[field], field
     assert written["n_positions"] == config.data.context_length
+
+
+def test_an_export_is_readable_as_any_written_file_and_names_its_tokenizers_end_of_text(loaded, tmp_path):
+    """The files get mode 0666 less the umask (0644 under 022), as a plain write gives them, and a byte-level BPE's
+    <|endoftext|> is config.json's bos_token_id and eos_token_id (GPT-2's tokenizer: 50256 for both)."""
+    from lm.data.bpe import BPETokenizer
+
+    config, _, params, _ = loaded("gpt2")
+    tokenizer = BPETokenizer.load(FIXTURES.parent / "eval" / "gpt2" / "tokenizer.json")
+    umask = os.umask(0o022)
+    try:
+        _, files = export(config, params, config.data.vocab_size, tmp_path / "out", tokenizer=tokenizer)
+    finally:
+        os.umask(umask)
+    assert {file: oct((tmp_path / "out" / file).stat().st_mode & 0o777) for file in files} == dict.fromkeys(
+        files, "0o644")
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert written["bos_token_id"] == written["eos_token_id"] == tokenizer.tokenizer.token_to_id("<|endoftext|>") == 0
+    export(config, params, config.data.vocab_size, tmp_path / "bare")  # no tokenizer: no ids to name
+    assert json.loads((tmp_path / "bare" / "config.json").read_text())["eos_token_id"] is None

@@ -5,6 +5,7 @@ merged or not, and lm's export reads back exactly; bad targets are one line."""
 
 import json
 import pathlib
+import shutil
 
 import flax.linen as nn
 import jax
@@ -14,10 +15,12 @@ import optax
 import pytest
 from flax import traverse_util
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
+from safetensors.numpy import load_file
 
 from experiments.language_model import LanguageModel
 from lm.cli.export import check_lora_flags
 from lm.cli.overrides import resolve_config
+from lm.data.text import CharTokenizer
 from lm.errors import UserError
 from lm.hf.export import unrolled
 from lm.hf.peft import PeftSource, peft_adapters, write_adapters
@@ -29,7 +32,7 @@ from lm.layers.transformer import TransformerConfig
 from lm.models.gpt import GPT, GPTConfig
 from lm.train import init_from
 from lm.train.checkpoint import FROZEN_DIR, Checkpointer
-from lm.train.optim import make_optimizer
+from lm.train.optim import make_optimizer, trainable_line
 from lm.train.options import optimizer_options
 from lm.train.state import TrainState
 from lm.train.step import make_train_step
@@ -138,6 +141,16 @@ def test_only_the_adapters_train_and_hold_optimizer_state_while_the_base_stays_b
         assert np.array_equal(before, after) != (path[-1] in ("lora_a", "lora_b")), path
 
 
+def test_a_lora_run_says_what_it_trains_as_peft_does():
+    """peft's print_trainable_parameters line: the adapters' 18 + 12 parameters of the 81 (adapters included);
+    the same from the parameters' shapes (the dry run's); none for a model without adapters."""
+    params = random_params(AdaptedThenFrozen(), X[0])
+    assert sum(leaf.size for leaf in jax.tree.leaves(params)) == 81
+    line = "trainable params: 30 || all params: 81 || trainable%: 37.0370"
+    assert trainable_line(params) == trainable_line(jax.eval_shape(lambda: params)) == line
+    assert trainable_line(base_of(params)) is None
+
+
 def test_a_lora_checkpoint_holds_the_adapters_and_the_frozen_base_once_and_restores_whole(tmp_path):
     model = AdaptedThenFrozen()
     params = with_random_b(random_params(model, X[0]))
@@ -235,7 +248,7 @@ def test_exported_adapters_read_back_exactly(peft_loaded, name, tmp_path):
     B, with peft's rank_pattern and alpha_pattern) and come back apart."""
     config, _, params = peft_loaded(name)
     params = with_random_b(jax.tree.map(np.asarray, params), seed=2)
-    adapter_config, tensors = peft_adapters(config, params, base_model="base")
+    adapter_config, tensors = peft_adapters(config, params, base_model="base", vocab_size=config.data.vocab_size)
     write_adapters(tmp_path, adapter_config, tensors)
     if name == "gpt2":
         assert adapter_config["rank_pattern"] == {"c_attn": 12} and adapter_config["alpha_pattern"] == {"c_attn": 24}
@@ -284,3 +297,88 @@ def test_bad_targets_and_export_flags_are_one_line():
         check_lora_flags(True, False, False)
     with pytest.raises(UserError, match=r"--adapters: this run has no LoRA adapters \(model.lora.rank=0\)"):
         check_lora_flags(False, False, True)
+
+
+def test_a_character_level_runs_adapters_export_with_its_vocabulary_and_read_back(tmp_path):
+    """A character-level run has no data.vocab_size (its vocabulary is its characters'): its adapters go out with
+    the vocabulary the run has and come back exactly, onto a model of the same config."""
+    config = resolve_config("configs/gpt_shakespeare.py:test", {"model.lora.rank": 4})
+    assert config.data.get("vocab_size") is None
+    experiment = LanguageModel(config, CharTokenizer("\n !',.:;?abcdefghijklmnopqrstuvwxyz"))
+    params = with_random_b(random_params(experiment.model, TOKENS[:, :config.data.context_length]))
+    adapter_config, tensors = peft_adapters(config, params, base_model=None, vocab_size=experiment.vocab_size)
+    assert adapter_config["base_model_name_or_path"] is None and adapter_config["rank_pattern"] == {"c_attn": 12}
+    write_adapters(tmp_path, adapter_config, tensors)
+    read = traverse_util.flatten_dict(PeftSource(str(tmp_path), config, jax.eval_shape(lambda: params)).arrays)
+    adapters = {path: value for path, value in traverse_util.flatten_dict(unrolled(params)).items()
+                if path[-1] in ("lora_a", "lora_b")}
+    assert read.keys() == adapters.keys()
+    for path, value in adapters.items():
+        np.testing.assert_array_equal(read[path], value)
+
+
+def edited_peft(tmp_path: pathlib.Path, name: str, tensors: dict | None = None, **settings) -> str:
+    """A copy of the peft fixture of name with adapter_config.json's settings changed and tensors added."""
+    folder = tmp_path / name
+    shutil.copytree(FIXTURES / "lora" / f"{name}_peft", folder)
+    adapter_config = json.loads((folder / "adapter_config.json").read_text())
+    (folder / "adapter_config.json").write_text(json.dumps({**adapter_config, **settings}))
+    if tensors:
+        write_adapters(folder, {**adapter_config, **settings}, {**load_file(folder / "adapter_model.safetensors"),
+                                                                 **tensors})
+    return str(folder)
+
+
+def test_an_adapter_config_that_disagrees_with_its_weights_is_one_line_naming_both(peft_loaded, tmp_path):
+    """r=8 over rank-4 weights (peft refuses such a folder), a rank_pattern alike, and weights of modules that
+    target_modules leave out are refused, each naming the two values."""
+    config, _, params = peft_loaded("llama")
+    abstract = jax.eval_shape(lambda: params)
+    with pytest.raises(UserError, match=r"its adapter_config.json gives model.layers.0.self_attn.q_proj r=8, its "
+                                        r"weights have rank 4 \(lora_A \(4, 32\)\); peft refuses such a folder: set "
+                                        r"r \(or its rank_pattern\) to 4"):
+        PeftSource(edited_peft(tmp_path / "r", "llama", r=8), config, abstract)
+    with pytest.raises(UserError, match=r"gives model.layers.0.mlp.up_proj r=2, its weights have rank 4"):
+        PeftSource(edited_peft(tmp_path / "pattern", "llama", rank_pattern={"up_proj": 2}), config, abstract)
+    with pytest.raises(UserError, match=r"its adapter_model.safetensors adapts model.layers.0.mlp.down_proj, "
+                                        r"model.layers.0.mlp.gate_proj, model.layers.0.mlp.up_proj ..., which its "
+                                        r"adapter_config.json's target_modules=\['q_proj', 'k_proj', 'v_proj', "
+                                        r"'o_proj'\] leave out \(peft would not load those weights\)"):
+        PeftSource(edited_peft(tmp_path / "targets", "llama", target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
+                   config, abstract)
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_an_adapter_on_lm_head_is_refused_with_what_to_do_instead(peft_loaded, name, tmp_path):
+    """An adapter on the output head (Llama's untied lm_head, GPT-2's tied one) is no projection lm's LoRA adapts:
+    the line says so and how to use the folder (merged by peft), not to add a target lm refuses."""
+    config, _, params = peft_loaded(name)
+    width = config.model.embed_dim
+    head = {"base_model.model.lm_head.lora_A.weight": np.ones((4, width), np.float32),
+            "base_model.model.lm_head.lora_B.weight": np.ones((config.data.vocab_size, 4), np.float32)}
+    targets = json.loads((FIXTURES / "lora" / f"{name}_peft" / "adapter_config.json").read_text())["target_modules"]
+    folder = edited_peft(tmp_path, name, head, target_modules=[*targets, "lm_head"])
+    with pytest.raises(UserError, match=r"it adapts lm_head, which lm's LoRA does not adapt \(it adapts the "
+                                        r"Transformer's projections: query, key, value, out, gate, up, down\); "
+                                        r"merge the folder's adapters into its base with peft \(merge_and_unload, "
+                                        r"then save_pretrained\) and start from that folder \(init_from=hf:DIR\)"):
+        PeftSource(folder, config, jax.eval_shape(lambda: params))
+
+
+@pytest.mark.slow
+def test_lm_export_adapters_of_a_character_level_lora_run(test_config, data_dir, tmp_path, capsys):
+    """`lm export --adapters` of a character-level LoRA run (2 steps): a peft folder that names no base model,
+    and says why."""
+    from lm.cli.export import export_run
+    from lm.cli.resolve import build_experiment
+    from lm.train.loop import train
+
+    test_config.model.lora.rank = 4
+    test_config.train.update(num_steps=2, checkpoint_every=2)
+    test_config.eval.every = 0
+    train(test_config, str(tmp_path / "run"), build_experiment, devices=jax.devices()[:1])
+    export_run(tmp_path / "run", tmp_path / "peft", "float32", adapters=True)
+    assert "note: the folder names no base model (base_model_name_or_path null): this run's base is its own " \
+           "initial weights" in capsys.readouterr().out
+    adapter_config = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
+    assert adapter_config["base_model_name_or_path"] is None and adapter_config["r"] == 4

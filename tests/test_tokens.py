@@ -146,6 +146,11 @@ def test_a_prompt_the_vocabulary_cannot_encode_is_refused_before_step_1(tmp_path
     assert "step" not in result.stdout
     result = train_in_process(capsys, tmp_path / "run", "--config.sample.prompt=To be", "--config.train.num_steps=2")
     assert result.returncode == 0, result.stderr[-2000:]
+    # sample.max_new_tokens=0: no sample after training, so no prompt to check either
+    result = train_in_process(capsys, tmp_path / "quiet", "--config.sample.max_new_tokens=0",
+                              "--config.train.num_steps=2")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "--- sample ---" not in result.stdout
 
 
 @pytest.mark.parametrize("dataset", ["token_file", "synthetic"])

@@ -11,6 +11,7 @@ import sys
 
 from absl import flags
 
+from lm.console import steady_streams
 from lm.errors import EXIT_USER_ERROR, fail
 
 COMMANDS = ("train", "sample", "eval", "export", "prepare", "sweep", "compare", "translate")  # lm/cli/<command>.py
@@ -33,7 +34,9 @@ def usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Runs the command argv[1] names with the flags after it (argv: default sys.argv)."""
+    """Runs the command argv[1] names with the flags after it (argv: default sys.argv). Output whose reader
+    is gone (`lm eval --help | head -1`) is dropped, not a traceback (lm.console)."""
+    steady_streams()
     argv = sys.argv if argv is None else argv
     if len(argv) < 2 or argv[1] in ("-h", "--help", "help"):
         print(usage())

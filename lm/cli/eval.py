@@ -18,7 +18,7 @@ on the first --limit documents of each (default: all), from $LM_DATA_DIR; the mo
 BPE tokenizer, or its characters one by one; restored on the run's mesh, the batches split over its batch axes as
 the eval loss's are) or the Hugging Face folder --hf (GPT-2 or Llama, with its tokenizer.json or --hf_tokenizer).
 Prints a table (task, metric, value, stderr, documents) and writes <out>/eval.json (default:
-<workdir>/tasks_<step>, or DIR/tasks).
+<workdir>/tasks_<step>, or with --hf eval/<DIR's name> in the current folder: never into the model's folder).
 
   lm eval --workdir=RUN | --hf=DIR --harness --tasks=arc_easy,gsm8k [--limit=N] [--include_path=TASKS_DIR]
 
@@ -37,7 +37,8 @@ from lm.errors import UserError, fail, run_user_errors
 
 _WORKDIR = define_string_once("workdir", "A run folder written by lm train.")
 _STEP = flags.DEFINE_integer("step", None, "The checkpoint's step (default: the latest).")
-_OUT = define_string_once("out", "Where eval.json and the results' files go (default: <workdir>/eval_<step>).")
+_OUT = define_string_once("out", "Where eval.json and the results' files go (default: <workdir>/eval_<step>; "
+                                  "with --tasks <workdir>/tasks_<step>, or with --hf eval/<DIR's name>).")
 _TASKS = flags.DEFINE_string("tasks", None, "Zero-shot tasks to score, comma-separated (lm/eval/tasks.py): "
                                             "hellaswag,lambada_openai,arc_easy,arc_challenge,piqa,winogrande,wikitext.")
 _LIMIT = flags.DEFINE_integer("limit", None, "With --tasks: the first N documents of each task (default: all).")
@@ -60,7 +61,8 @@ def evaluate(workdir: pathlib.Path, step: int | None, out: str | None) -> dict[s
     experiment = find_experiment(config.experiment)
     results, folder = evaluate_checkpoint(config, workdir, experiment.build, step, pathlib.Path(out) if out else None)
     print("results: " + " | ".join(f"{k} {v:.4g}" for k, v in results.items() if k != "step"))
-    print(f"written: {folder / EVAL_FILE}")
+    head = f"eval loss {results['eval_loss']:.4f}" if "eval_loss" in results else "evaluated"
+    print(f"done: {head} at step {results['step']}; written: {folder / EVAL_FILE}")
     return results
 
 
@@ -86,7 +88,7 @@ def load_model(workdir: str | None, hf: str | None, step: int | None, tokenizer:
         scorer = Scorer(gpt_apply(experiment.model), params,
                         models.encoder(tokenizer_found), experiment.config.data.context_length, prefix, batch_size)
         end_of_text = models.hf_end_of_text(hf, tokenizer_found)
-        folder, name = pathlib.Path(hf).expanduser() / "tasks", hf
+        folder, name = pathlib.Path("eval") / pathlib.Path(hf).expanduser().resolve().name, hf
     else:
         from lm import sharding
         from lm.hf import LANGUAGE_MODELS
@@ -129,7 +131,9 @@ def score_tasks(tasks: str, limit: int | None, workdir: str | None, hf: str | No
     if characters:
         print(characters.report())
     report.write(results, folder / report.EVAL_FILE, name, limit)
-    print(f"written: {folder / report.EVAL_FILE}")
+    scores = " | ".join(f"{result.task.name} {metric} {result.metrics[metric]:.4f}" for result in results
+                        for metric in result.task.metrics)
+    print(f"done: {scores}; written: {folder / report.EVAL_FILE}")
     return results
 
 
@@ -152,7 +156,7 @@ def harness_tasks(tasks: str, limit: int | None, workdir: str | None, hf: str | 
     print(harness.table(results))
     path = (pathlib.Path(out) if out else folder) / harness.HARNESS_FILE
     harness.write(results, path, name, limit)
-    print(f"written: {path}")
+    print(f"done: {len(names)} task{'s' * (len(names) > 1)} scored by lm-evaluation-harness; written: {path}")
     return results
 
 

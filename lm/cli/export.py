@@ -63,11 +63,15 @@ def export_run(workdir: pathlib.Path, out: pathlib.Path, dtype: str, merge_lora:
     check_lora_flags(has_adapters(params), merge_lora, adapters)
     if adapters:
         base = config.init_from.removeprefix(HF_PREFIX) if config.init_from.startswith(HF_PREFIX) else None
-        adapter_config, tensors = peft_adapters(config, params, base)
+        adapter_config, tensors = peft_adapters(config, params, base, vocab_size)
         files = write_adapters(out, adapter_config, {name: value.astype(DTYPES[dtype]) for name, value in
                                                      tensors.items()})
         print(f"{source.description} -> {out}: peft LoRA adapters, r={adapter_config['r']} on "
               f"{', '.join(adapter_config['target_modules'])} ({dtype}), {', '.join(files)}")
+        if base is None:
+            what = f"the run {config.init_from}" if config.init_from else "its own initial weights"
+            print(f"note: the folder names no base model (base_model_name_or_path null): this run's base is {what}, "
+                  "not a Hugging Face folder")
         return
     if merge_lora:
         params = merged(params, lora_options(config).scale)

@@ -73,14 +73,17 @@ def load_hf(directory: str, tokenizer_file: str | None = None):
     """(experiment, params, tokenizer, prefix token id) of a Hugging Face folder (GPT-2, Llama): the language
     model its config.json implies (float32: lm/eval/models.py hf_config), the folder's weights on one device, its
     tokenizer.json (or tokenizer_file; a tokenizers.Tokenizer) and the prefix token the harness uses (BOS, else
-    EOS). A folder without a tokenizer is a UserError before the weights are read."""
+    EOS); prints what it loaded (models.hf_summary). A folder without a tokenizer is a UserError before the weights
+    are read."""
     from configs.base import language_model
     from lm.eval import models
 
     config = models.hf_config(directory, language_model("token_file"))
     tokenizer, prefix = models.hf_tokenizer(directory, tokenizer_file)
     experiment = find_experiment(config.experiment).from_workdir(config, None)
-    return experiment, models.hf_params(directory, config, experiment.init), tokenizer, prefix
+    params = models.hf_params(directory, config, experiment.init)
+    print(models.hf_summary(directory, config, params))
+    return experiment, params, tokenizer, prefix
 
 
 def load_config(workdir: pathlib.Path) -> ml_collections.ConfigDict:

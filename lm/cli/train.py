@@ -8,10 +8,15 @@ r"""Train an experiment from a config.
 allowed values and description, then exits (no --workdir needed). A mistake in the config file, its
 variant, an override or a flag is one line, `error: ...` (exit code 2), before anything is written.
 
-Rerunning the same command resumes from the latest checkpoint in --workdir (and compiles again, unless
---config.train.compilation_cache_dir=DIR keeps the compiled programs for it). With --dry_run it builds
-the mesh, compiles the train step and prints parameters, per-device memory and FLOPs per step, then
-exits without training or writing anything.
+A finished run ends with one line: the eval loss at the last step, the held-out results and the run folder's
+files ("done: eval loss 1.8818 at step 2000; outputs in runs/baby (checkpoints/, config.json, ...)").
+
+Rerunning the same command resumes from the latest checkpoint in --workdir. The persistent compilation
+cache is on by default (--config.train.compilation_cache_dir=auto: $JAX_COMPILATION_CACHE_DIR, else
+~/.cache/lm/jax_compilation_cache; =DIR: another folder; =none: off), so a rerun reuses the programs
+compiled before; the run's first line names the folder. With --dry_run it builds the mesh, compiles the
+train step and prints parameters, per-device memory and FLOPs per step, then exits without training or
+writing anything.
 
 Multi-process (TPU pod slices, GPU clusters): every process runs the same command. On a pod slice,
 under SLURM or Open MPI, jax.distributed finds the other processes itself; elsewhere give

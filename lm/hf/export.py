@@ -66,12 +66,15 @@ def export(config: ml_collections.ConfigDict, params: dict, vocab_size: int | No
            tokenizer: WordPieceTokenizer | BPETokenizer | None = None,
            chat_template: str | None = None) -> tuple[str, list[str]]:
     """Writes the folder (and the tokenizer, given one, with the Jinja chat_template of a supervised fine-tuning
-    run in its tokenizer_config.json, where transformers' apply_chat_template finds it); returns (architecture,
-    the files written)."""
+    run in its tokenizer_config.json, where transformers' apply_chat_template finds it; a byte-level BPE's
+    <|endoftext|> is config.json's bos_token_id and eos_token_id, as GPT-2's); returns (architecture, the files
+    written)."""
     if dtype not in DTYPES:
         raise UserError(f"--dtype={dtype}: use one of {', '.join(DTYPES)}")
     hf, tensors = hf_checkpoint(config, params, vocab_size)
     hf["dtype"] = dtype
+    if isinstance(tokenizer, BPETokenizer) and tokenizer.end_of_text_id is not None:
+        hf["bos_token_id"] = hf["eos_token_id"] = tokenizer.end_of_text_id
     tensors = {name: value.astype(DTYPES[dtype]) for name, value in tensors.items()}
     architecture = hf["architectures"][0]
     files = write_folder(out, hf, tensors, max_shard_bytes)

@@ -5,6 +5,7 @@ byte-level BPE goes beside them as tokenizer.json and tokenizer_config.json (wri
 
 import json
 import math
+import os
 import pathlib
 
 import jax
@@ -69,6 +70,15 @@ class Folder:
         return arrays
 
 
+def save_safetensors(tensors: dict[str, np.ndarray], path: pathlib.Path) -> None:
+    """tensors as the safetensors file path (with the metadata transformers expects), readable as any file this
+    process writes is (mode 0666 less the umask: the library itself leaves its temporary file's 0600)."""
+    save_file(tensors, path, metadata={"format": "pt"})
+    umask = os.umask(0)
+    os.umask(umask)
+    path.chmod(0o666 & ~umask)
+
+
 def write_folder(directory: pathlib.Path, config: dict, tensors: dict[str, np.ndarray],
                  max_shard_bytes: int = 5 * 2**30) -> list[str]:
     """Writes config.json and the tensors: one model.safetensors, or shards of at most max_shard_bytes
@@ -84,13 +94,12 @@ def write_folder(directory: pathlib.Path, config: dict, tensors: dict[str, np.nd
             size = 0
         shards[-1][name] = np.ascontiguousarray(array)
         size += array.nbytes
-    metadata = {"format": "pt"}  # what transformers expects of a safetensors checkpoint
     if len(shards) == 1:
-        save_file(shards[0], directory / WEIGHTS_FILE, metadata=metadata)
+        save_safetensors(shards[0], directory / WEIGHTS_FILE)
         return [CONFIG_FILE, WEIGHTS_FILE]
     names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     for name, shard in zip(names, shards, strict=True):
-        save_file(shard, directory / name, metadata=metadata)
+        save_safetensors(shard, directory / name)
     total = sum(math.prod(a.shape) * a.dtype.itemsize for a in tensors.values())
     index = {"metadata": {"total_size": total},
              "weight_map": {tensor: name for name, shard in zip(names, shards, strict=True) for tensor in shard}}

@@ -14,7 +14,10 @@ three apart, and k of them (k adapters of rank r) are exactly one adapter of ran
 stacked, B block-diagonal. The export writes that, with rank_pattern and alpha_pattern giving c_attn rank
 k r and alpha k alpha (the same scale). Read back, a c_attn adapter of rank k r in that block form gives
 the k adapters again, and one of rank r (peft's own, trained on c_attn) gives each of them its A and its
-rows of B; any other rank, or a change to a projection the run's targets leave out, is one error line.
+rows of B; any other rank, or a change to a projection the run's targets leave out, is one error line. So is a
+folder that disagrees with itself where peft would refuse or ignore it (weights of another rank than its r or
+rank_pattern, of modules its target_modules leave out), and an adapter of a module that is no projection of lm's
+Transformer (lm_head, the embeddings): peft can merge those into the base first.
 """
 
 import dataclasses
@@ -27,17 +30,19 @@ import jax
 import ml_collections
 import numpy as np
 from flax import traverse_util
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file
 
 from lm.errors import UserError
 from lm.hf import LANGUAGE_MODELS
 from lm.hf.export import hf_architecture, unrolled
+from lm.hf.files import save_safetensors
 from lm.hf.mapping import Rule
-from lm.layers.lora import LoraConfig
+from lm.layers.lora import TARGETS, LoraConfig
 from lm.layers.options import from_section
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
+PEFT_R, PEFT_ALPHA = 8, 8  # peft's LoraConfig defaults, for an adapter_config.json without them
 PREFIX = "base_model.model."  # peft's name of the wrapped model (a ...ForCausalLM, whose names follow)
 TASK_TYPES = dict.fromkeys(LANGUAGE_MODELS, "CAUSAL_LM")  # lm experiment -> peft's task type
 
@@ -61,13 +66,14 @@ def lora_options(config: ml_collections.ConfigDict) -> LoraConfig:
     return from_section(LoraConfig, config.model.get("lora") or {})
 
 
-def architecture_projections(config: ml_collections.ConfigDict) -> tuple[dict, list[Projection]]:
-    """(config.json of the architecture the run exports as, its projections); a run of another experiment
-    than a language model is a UserError."""
+def architecture_projections(config: ml_collections.ConfigDict, vocab_size: int) -> tuple[dict, list[Projection]]:
+    """(config.json of the architecture the run exports as, its projections); vocab_size: the model's vocabulary
+    (a character-level run's is its tokenizer's, not in its config). A run of another experiment than a language
+    model is a UserError."""
     if config.experiment not in TASK_TYPES:
         raise UserError(f"peft adapters are written and read for language models (GPT2LMHeadModel, "
                         f"LlamaForCausalLM); this run's experiment is {config.experiment}")
-    module, hf = hf_architecture(config, config.data.get("vocab_size"))
+    module, hf = hf_architecture(config, vocab_size)
     return hf, projections(module.rules(hf, hf["architectures"][0], config))
 
 
@@ -75,11 +81,13 @@ def short_name(module: str) -> str:
     return module.rsplit(".", 1)[-1]
 
 
-def peft_adapters(config: ml_collections.ConfigDict, params: dict, base_model: str | None) -> tuple[dict, dict]:
+def peft_adapters(config: ml_collections.ConfigDict, params: dict, base_model: str | None,
+                  vocab_size: int) -> tuple[dict, dict]:
     """(adapter_config.json, {tensor name: float32 array}) of the run's adapters (params: the run's, holding
-    them); base_model: base_model_name_or_path."""
+    them); base_model: base_model_name_or_path (None for a base that is no Hugging Face model: the run's own);
+    vocab_size: the model's vocabulary (the experiment's export_vocabulary)."""
     lora = lora_options(config)
-    hf, found = architecture_projections(config)
+    hf, found = architecture_projections(config, vocab_size)
     flat = traverse_util.flatten_dict(unrolled(jax.tree.map(np.asarray, params)), sep="/")  # on the host
     tensors, ranks, adapted_modules = {}, {}, []
     for projection in found:
@@ -120,8 +128,7 @@ def peft_adapters(config: ml_collections.ConfigDict, params: dict, base_model: s
 def write_adapters(out: pathlib.Path, adapter_config: dict, tensors: dict[str, np.ndarray]) -> list[str]:
     out.mkdir(parents=True, exist_ok=True)
     (out / ADAPTER_CONFIG).write_text(json.dumps(adapter_config, indent=2, sort_keys=True) + "\n")
-    save_file({name: np.ascontiguousarray(value) for name, value in tensors.items()}, out / ADAPTER_WEIGHTS,
-              metadata={"format": "pt"})
+    save_safetensors({name: np.ascontiguousarray(value) for name, value in tensors.items()}, out / ADAPTER_WEIGHTS)
     return [ADAPTER_CONFIG, ADAPTER_WEIGHTS]
 
 
@@ -153,31 +160,76 @@ class PeftSource:
         if not lora.rank:
             raise UserError(f"{location} needs adapters in this run: set --config.model.lora.rank "
                             f"(the folder's r is {settings.get('r')})")
-        _, found = architecture_projections(config)
         shapes = traverse_util.flatten_dict(jax.eval_shape(unrolled, abstract_params), sep="/")
+        vocab_size = config.data.get("vocab_size") or shapes["token_embed/embedding"].shape[0]  # (no adapter reads it)
+        _, found = architecture_projections(config, vocab_size)
         stored = load_file(folder / ADAPTER_WEIGHTS)
         modules = {name.removeprefix(PREFIX).rsplit(".lora_", 1)[0] for name in stored}
+        check_targets(settings.get("target_modules"), modules, location)
+        adaptable = [p for p in found if all(name.rsplit("/", 1)[-1] in TARGETS for name in p.lm)]
+        others = sorted(modules - {projection.hf for projection in adaptable})
+        if others:
+            raise UserError(f"{location}: it adapts {', '.join(others[:3])}{' ...' if len(others) > 3 else ''}, "
+                            f"which lm's LoRA does not adapt (it adapts the Transformer's projections: "
+                            f"{', '.join(TARGETS)}); merge the folder's adapters into its base with peft "
+                            "(merge_and_unload, then save_pretrained) and start from that folder (init_from=hf:DIR)")
+        r, lora_alpha = settings.get("r", PEFT_R), settings.get("lora_alpha", PEFT_ALPHA)
         arrays = {}
-        for projection in found:
+        for projection in adaptable:
             if projection.hf not in modules:
                 continue
-            modules.remove(projection.hf)
             a, b = (stored[f"{PREFIX}{projection.hf}.lora_{x}.weight"].astype(np.float32) for x in "AB")
-            rank = pattern_value(settings.get("rank_pattern") or {}, projection.hf, settings["r"])
-            alpha = pattern_value(settings.get("alpha_pattern") or {}, projection.hf, settings["lora_alpha"])
+            rank = pattern_value(settings.get("rank_pattern") or {}, projection.hf, r)
+            check_shapes(projection, a, b, rank, shapes, location)
+            alpha = pattern_value(settings.get("alpha_pattern") or {}, projection.hf, lora_alpha)
             scale = alpha / (math.sqrt(rank) if settings.get("use_rslora") else rank)
             arrays.update(adapters_of(projection, a, b, scale / lora.scale, lora.rank, shapes, location))
-        if modules:
-            raise UserError(f"{location}: it adapts modules that are no projection lm maps: "
-                            f"{', '.join(sorted(modules)[:3])}{' ...' if len(modules) > 3 else ''}")
         self.arrays = traverse_util.unflatten_dict(arrays, sep="/")
-        self.description = f"{location} (peft LoRA, r={settings['r']})"
+        self.description = f"{location} (peft LoRA, r={r})"
 
     def abstract_params(self) -> dict:
         return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), self.arrays)
 
     def load_params(self, shardings: dict) -> dict:
         return jax.tree.map(jax.device_put, self.arrays, shardings)
+
+
+def target_matches(target_modules: list[str] | str, module: str) -> bool:
+    """Whether peft's target_modules name module: a regular expression matching the whole name, 'all-linear', or
+    a list of names each equal to the module's or a dotted suffix of it."""
+    if isinstance(target_modules, str):
+        return target_modules == "all-linear" or re.fullmatch(target_modules, module) is not None
+    return any(module == name or module.endswith(f".{name}") for name in target_modules)
+
+
+def check_targets(target_modules: list[str] | str | None, modules: set[str], location: str) -> None:
+    """Every module the folder's weights adapt is one its target_modules name (peft ignores the others'
+    weights); else a UserError naming both. A folder without target_modules (peft fills them in) is not checked."""
+    if target_modules is None:
+        return
+    left_out = sorted(module for module in modules if not target_matches(target_modules, module))
+    if left_out:
+        raise UserError(f"{location}: its {ADAPTER_WEIGHTS} adapts {', '.join(left_out[:3])}"
+                        f"{' ...' if len(left_out) > 3 else ''}, which its {ADAPTER_CONFIG}'s target_modules="
+                        f"{target_modules!r} leave out (peft would not load those weights); fix one to fit the other")
+
+
+def check_shapes(projection: Projection, a: np.ndarray, b: np.ndarray, rank: int, shapes: dict,
+                 location: str) -> None:
+    """A module's lora_A (r, in) and lora_B (out, r) agree with the r its adapter_config.json gives it (r, or
+    its rank_pattern) and with the module's weight (out x in); else a UserError naming both values."""
+    module = projection.hf
+    if a.ndim != 2 or b.ndim != 2 or a.shape[0] != b.shape[1]:
+        raise UserError(f"{location}: its adapter of {module} has lora_A {a.shape} and lora_B {b.shape}; peft's are "
+                        "(r, in) and (out, r)")
+    if a.shape[0] != rank:
+        raise UserError(f"{location}: its {ADAPTER_CONFIG} gives {module} r={rank}, its weights have rank "
+                        f"{a.shape[0]} (lora_A {a.shape}); peft refuses such a folder: set r (or its rank_pattern) "
+                        f"to {a.shape[0]}")
+    weight = sum(math.prod(shapes[f"{name}/kernel"].shape) for name in projection.lm)
+    if a.shape[1] * b.shape[0] != weight:
+        raise UserError(f"{location}: its adapter of {module} is for a {b.shape[0]} x {a.shape[1]} weight; this "
+                        f"model's {module} has {weight:,} entries (is the folder for another base model?)")
 
 
 def adapters_of(projection: Projection, a: np.ndarray, b: np.ndarray, ratio: float, rank: int, shapes: dict,

@@ -22,6 +22,7 @@ import concurrent.futures
 import contextlib
 import errno
 import gc
+import itertools
 import json
 import os
 import re
@@ -206,8 +207,8 @@ class Checkpointer:
     def restore_latest(self, abstract_state, fallback: bool, at_most: int | None = None) -> tuple[int, object] | None:
         """(step, state) of the latest checkpoint (the latest up to step at_most, where given), or None when there
         is none. One that cannot be read or fails its checksums is a UserError, unless fallback: then it is set
-        aside (renamed '<step>.corrupt', kept for inspection), said in a warning once an earlier one restores, and
-        the one before is tried. With none left (or only set-aside ones) it is a UserError too: a
+        aside (renamed '<step>.corrupt', kept for inspection: set_aside_path), said in a warning once an earlier
+        one restores, and the one before is tried. With none left (or only set-aside ones) it is a UserError too: a
         run starts again from step 0 only once the user has deleted the checkpoints."""
         set_aside_warnings = []
         for step in sorted(self.manager.all_steps(), reverse=True):
@@ -219,7 +220,8 @@ class Checkpointer:
                 if not fallback:
                     raise UserError(f"{e}; pass --config.train.restore_fallback=True to resume from the one "
                                     "before it (this one is kept, renamed), or move it out of the way") from e
-                aside = self.manager.directory / f"{step}.corrupt"
+                multihost_utils.sync_global_devices(f"name checkpoint {step} set aside")  # (all see one name)
+                aside = set_aside_path(self.manager.directory, step)
                 if jax.process_index() == 0:  # one process moves it; the others wait for that
                     (self.manager.directory / str(step)).rename(aside)
                 multihost_utils.sync_global_devices(f"set aside checkpoint {step}")
@@ -229,7 +231,7 @@ class Checkpointer:
             for warning in set_aside_warnings:
                 print(f"{warning}; resuming from step {step}", file=sys.stderr)
             return restored
-        set_aside = sorted(p.name for p in self.manager.directory.iterdir() if p.name.endswith(".corrupt")) \
+        set_aside = sorted(p.name for p in self.manager.directory.iterdir() if SET_ASIDE.fullmatch(p.name)) \
             if self.manager.directory.exists() else []
         if set_aside:
             raise UserError(f"no checkpoint in {self.manager.directory} can be restored (damaged ones set aside: "
@@ -338,6 +340,16 @@ class CorruptCheckpoint(UserError):
 
     def __init__(self, step: int, directory, reason: str):
         super().__init__(f"the checkpoint at step {step} in {directory} {reason}")
+
+
+SET_ASIDE = re.compile(r"\d+\.corrupt(\.\d+)?")  # the name of a checkpoint a restore set aside (set_aside_path)
+
+
+def set_aside_path(directory, step: int):
+    """Where the damaged checkpoint at step goes: directory/'<step>.corrupt', or '<step>.corrupt.1', '.2', ...
+    when an earlier fallback set one of that step aside already (the run trained to that step again since)."""
+    names = (f"{step}.corrupt{f'.{n}' if n else ''}" for n in itertools.count())
+    return next(directory / name for name in names if not (directory / name).exists())
 
 
 def finished_steps(directory) -> list[int]:

@@ -26,10 +26,11 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from lm import runs, sharding
+from lm.console import steady_output
 from lm.distributed import host_local, is_primary
 from lm.errors import UserError
 from lm.layers.moe import parameter_counts
-from lm.progress import format_duration
+from lm.progress import RunEta, folder_listing, format_duration, shown_path
 from lm.runs import CONFIG_FILE, METRICS_FILE, RESULTS_FILE, SUMMARY_FILE
 from lm.train import init_from
 from lm.train.checkpoint import Checkpointer, IncompatibleCheckpoint, error_number, os_error_in, write_failed
@@ -38,7 +39,7 @@ from lm.train.evaluate import Evaluations
 from lm.train.flops import peak_flops_per_device
 from lm.train.lock import workdir_lock
 from lm.train.metrics import MetricWriter, device_memory, drop_logs, mean_metrics, memory_text, truncate_log
-from lm.train.optim import decay_start, resolve_schedule, wsd_resume_limit
+from lm.train.optim import decay_start, resolve_schedule, trainable_line, wsd_resume_limit
 from lm.train.prefetch import DevicePrefetcher
 from lm.train.profile import PROFILE_DIR, ProfileWindow, profile_window
 from lm.train.setup import MakeExperiment, Setup, build, checkpoint_directory, prepared_directory
@@ -130,7 +131,9 @@ def train(
     checkpoint left intact (write_errors)."""
     config = init_from.model_from_source(config)  # init_from_config: the model of init_from's config.json
     # The lock first: a second run stops before it reads any data. A run that a check stops leaves no folder.
-    with prepared_directory(workdir) as workdir_path, workdir_lock(workdir_path, jax.process_index()) as locked:
+    # Printing never ends the run (lm.console): a broken stdout (a pipe whose reader is gone) costs no checkpoint.
+    with (steady_output(), prepared_directory(workdir) as workdir_path,
+          workdir_lock(workdir_path, jax.process_index()) as locked):
         saved = runs.saved_config(workdir_path)  # a resumed run keeps the schedule its config.json records
         config = resolve_schedule(config, saved["optimizer"] if saved else None)
         finished_step = finished_run_step(config, workdir_path)
@@ -279,7 +282,19 @@ def _train_locked(setup: Setup, workdir: pathlib.Path) -> dict[str, float]:
     summary = {**previous_summary, **summary}  # a resumed run keeps what earlier segments measured
     if is_primary():
         runs.write_json(workdir / SUMMARY_FILE, {k: v for k, v in summary.items() if k != "stopped_by"})
+        if "stopped_by" not in summary:
+            print(finished_line(summary, workdir))
     return summary
+
+
+def finished_line(summary: dict, workdir: pathlib.Path) -> str:
+    """A finished run's last line: 'done: eval loss 1.8818 at step 2000; outputs in runs/baby (checkpoints/,
+    config.json, metrics.jsonl, ...)', with the held-out results of results.json after the eval loss."""
+    step = summary["step"]
+    head = f"eval loss {summary['eval_loss']:.4f} at step {step}" if "eval_loss" in summary else f"step {step}"
+    results = runs.read_json(workdir / RESULTS_FILE, runs.RESULTS_REMEDY)
+    scores = "".join(f" | {key} {value:.4g}" for key, value in results.items() if key != "step")
+    return f"done: {head}{scores}; outputs in {shown_path(workdir)} ({folder_listing(workdir)})"
 
 
 class Trainer:
@@ -337,6 +352,8 @@ class Trainer:
         peak = device_peak * mesh.size if device_peak else None  # no MFU without a real peak
         print(f"{num_params:,} parameters ({active_params:,} active) | mesh {dict(mesh.shape)} | "
               f"{mesh.devices.flat[0].device_kind}")
+        if lora := trainable_line(state.params):  # LoRA: what trains, as peft says it
+            print(lora)
 
         step = start_step
         loop_start = time.perf_counter()
@@ -349,6 +366,7 @@ class Trainer:
         unchecked: list[tuple[int, jax.Array]] = []  # (first step, (n,) nonfinite flags) since the last check
         skipped = 0
         interval_start, interval_steps = time.perf_counter(), 0
+        eta = RunEta(tcfg.num_steps)
         stopping = False
         stable_end = decay_start(self.config.optimizer)  # a WSD run saves its last stable step
         boundaries = (tcfg.log_every, tcfg.checkpoint_every, *(e.every for e in self.evaluations.evaluators if e.every))
@@ -389,11 +407,10 @@ class Trainer:
                 if log_now:
                     self.writer.write_scalars(step, scalars)
                 mfu = f"MFU {scalars['mfu']:.1%} | " if peak else ""
-                print(
-                    f"step {step:>6} | loss {scalars['loss']:.4f} | lr {scalars['learning_rate']:.2e} | "
-                    f"{units_per_step / step_time:,.0f} {experiment.unit}/s | {mfu}{memory_text(scalars)}"
-                    f"ETA {format_duration((tcfg.num_steps - step) * step_time)}"
-                )
+                line = (f"step {step:>6} | loss {scalars['loss']:.4f} | lr {scalars['learning_rate']:.2e} | "
+                        f"{units_per_step / step_time:,.0f} {experiment.unit}/s | {mfu}{memory_text(scalars)}")
+                left = eta.seconds_left(step)  # None on the first line: one dispatch tells no pace
+                print(line.removesuffix(" | ") if left is None else f"{line}ETA {format_duration(left)}")
             if log_now:
                 pending = []
                 interval_start, interval_steps = time.perf_counter(), 0
