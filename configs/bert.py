@@ -1,4 +1,4 @@
-"""BERT pretraining: masked LM (15% of tokens: 80% [MASK], 10% random, 10% kept) plus next-sentence
+r"""BERT pretraining: masked LM (15% of tokens: 80% [MASK], 10% random, 10% kept) plus next-sentence
 prediction, on sentence pairs packed to data.max_seq_len from the English corpus in $LM_DATA_DIR/corpus
 (experiments/masked_lm.py, lm/data/masked_lm.py, lm/models/bert.py; docs/bert.md).
 

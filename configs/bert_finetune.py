@@ -1,4 +1,4 @@
-"""BERT fine-tuning on SST-2, CoNLL-2003, SQuAD v1.1 and STS-B (experiments/finetune.py; docs/fine-tuning.md).
+r"""BERT fine-tuning on SST-2, CoNLL-2003, SQuAD v1.1 and STS-B (experiments/finetune.py; docs/fine-tuning.md).
 
 Variants: TASK or TASK_SIZE, TASK one of sst2, conll2003, squad, stsb and SIZE one of configs/bert.py's
 (tiny, mini, small, base, large; mini when left out). The encoder is configs/bert.py's model section of

@@ -1,4 +1,4 @@
-"""GPT-2 pretraining on a pre-tokenised corpus (GPT-2 BPE ids in nanoGPT's train.bin / val.bin format).
+r"""GPT-2 pretraining on a pre-tokenised corpus (GPT-2 BPE ids in nanoGPT's train.bin / val.bin format).
 
 Variants (pick one after the colon); all are GPT-2 shaped: pre-norm LayerNorm, GELU MLP 4x wide,
 learned positions, tied embeddings, context 1024, the 50,257-id vocabulary padded to 50,304 (a

@@ -5,7 +5,7 @@ Variants (pick one after the colon):
   baby   4 layers, 4 heads, 128 wide, context 64, batch 12, 2000 steps: the CPU model.
          lm train --config=configs/gpt_shakespeare.py:baby --workdir=runs/baby
          Reaches val loss 1.88 in 50-115 s on a 2-core CPU, before nanoGPT's same run side by side
-         (README results; docs/performance.md).
+         (docs/results.md; docs/performance.md).
   small  6 layers, 6 heads, 384 wide, context 256, batch 64, 5000 steps: nanoGPT's "shakespeare_char"
          recipe (dropout 0.2 on embeddings, sub-layer outputs and attention weights; no biases;
          AdamW 1e-3 to 1e-4, b2 0.99, weight decay 0.1, 100 warmup steps; eval every 250 steps).

@@ -1,4 +1,4 @@
-"""Recurrent translation models on Multi30k de -> en (bidirectional GRU encoder, GRU decoder).
+r"""Recurrent translation models on Multi30k de -> en (bidirectional GRU encoder, GRU decoder).
 
 Variants (pick one after the colon):
 

@@ -1,4 +1,4 @@
-"""The Transformer encoder-decoder on Multi30k de -> en, built from the shared blocks.
+r"""The Transformer encoder-decoder on Multi30k de -> en, built from the shared blocks.
 
 Variants (pick one after the colon):
 

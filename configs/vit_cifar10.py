@@ -1,4 +1,4 @@
-"""ViT on CIFAR-10 (patch 4: 8 x 8 = 64 patches of a 32 x 32 image).
+r"""ViT on CIFAR-10 (patch 4: 8 x 8 = 64 patches of a 32 x 32 image).
 
 Variants (pick one after the colon):
 

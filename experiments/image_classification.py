@@ -1,7 +1,7 @@
 """Image classification with a ViT (lm/models/vit.py) on CIFAR-10 or any prepared TFDS image dataset.
 
 Data: CIFAR-10 (data.dataset; the local copy is decoded from JPEG, which costs about 2-3 points of accuracy
-against the original pixels: shared/data/README.md), or data.source=tfds:NAME[/CONFIG][:SPLIT] (its
+against the original pixels: docs/data-files.md), or data.source=tfds:NAME[/CONFIG][:SPLIT] (its
 data.image_field images, of model.image_size, and data.label_field ClassLabel; the head gets its number of
 classes). Validation (scored during training): data.val_split, else a seeded data.num_val images held out of
 the training split (CIFAR-10: 45k/5k). The data.test_split is scored once at the end (results.json: top-1

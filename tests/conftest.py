@@ -35,9 +35,21 @@ def pytest_configure(config):
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 
 
-def pytest_collection_modifyitems(items):
-    """The tests marked slow (10 s or more of a core each) first: the xdist workers (pyproject.toml runs
-    them with --dist worksteal) then end on short tests and finish together."""
+def pytest_addoption(parser):
+    parser.addoption("--runslow", action="store_true",
+                     help="also run the integration tests marked slow (the default tier leaves them out)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Two tiers: the default run skips the tests marked slow (integration tests: training runs,
+    subprocesses, notebooks), each reported as skipped with how to run it; --runslow runs them too,
+    first, so that the xdist workers (pyproject.toml runs them with --dist worksteal) end on short tests
+    and finish together."""
+    if not config.getoption("--runslow"):
+        skip = pytest.mark.skip(reason="slow: run with --runslow")
+        for item in items:
+            if item.get_closest_marker("slow"):
+                item.add_marker(skip)
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 

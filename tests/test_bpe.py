@@ -148,13 +148,14 @@ def test_a_prompt_of_no_tokens_is_refused_when_the_experiment_is_built(tmp_path,
     config = get_config("test")
     config.data.update(dataset="token_file", train_file=str(tmp_path / "ids.bin"), val_file=str(tmp_path / "ids.bin"),
                        tokenizer=str(tmp_path / "tokenizer.json"), vocab_size=320)
-    config.sample.prompt = ""
+    config.sample.update(prompt="", max_new_tokens=8)  # (with no sample asked for, the prompt goes unchecked)
     with pytest.raises(UserError, match="sample.prompt='': it encodes to no token ids.*--config.sample.prompt="):
         build(config)
     config.sample.prompt = "\n"
     assert build(config).tokenizer.encode("\n").size == 1
 
 
+@pytest.mark.slow
 def test_prepare_train_and_sample_text(tmp_path, capsys, data_dir):
     """The documented path on a tiny scale: prepare a BPE, train configs/gpt2.py on the token files with
     their tokenizer, then `lm sample` prints text."""

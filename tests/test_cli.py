@@ -166,6 +166,7 @@ def test_checkpoints_kept_elsewhere_are_compared_through_the_workdirs_config(tra
                       "--config.model.num_heads=2 --config.model.num_kv_heads=2)")
 
 
+@pytest.mark.slow
 def test_sampling_from_a_checkpoint(trained_run, capsys):
     _, workdir, _ = trained_run
     relative = os.path.relpath(workdir, REPO)  # as a user types it (run() starts in the repository)
@@ -207,6 +208,7 @@ def test_sigterm_saves_a_checkpoint_and_the_rerun_resumes(tmp_path, data_dir):
     assert f"step {saved + 2:>6} | loss" in result.stdout
 
 
+@pytest.mark.slow
 def test_dry_run_compiles_for_the_mesh_and_writes_nothing(tmp_path, data_dir):
     """--dry_run on 8 fake devices: the report's lines, exit 0, and no workdir created. The compiled
     step goes to train.compilation_cache_dir (the suite's own cache, from the environment, left out)."""
@@ -226,6 +228,7 @@ def test_dry_run_compiles_for_the_mesh_and_writes_nothing(tmp_path, data_dir):
     assert any(p.name.startswith("jit_") for p in cache.iterdir()), sorted(cache.iterdir())
 
 
+@pytest.mark.slow
 def test_dry_run_memory_shrinks_when_the_state_is_sharded(data_dir, test_config):
     """The compiled step's per-device arguments: the replicated state (params + two Adam moments) on a
     data-parallel mesh; an eighth of it when FSDP shards it 8 ways. FLOPs: the 8 devices' programs add

@@ -44,6 +44,7 @@ def forward(model, params, source, mask, target):
     return model.apply({"params": params}, source, mask, target)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_source_padding_changes_nothing(variant):
     model, params = build(**VARIANTS[variant])
@@ -68,6 +69,7 @@ def test_decoder_is_causal(variant):
     assert not np.allclose(changed[:, 3:], logits[:, 3:], atol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_cached_decoding_equals_teacher_forcing(variant):
     model, params = build(**VARIANTS[variant])

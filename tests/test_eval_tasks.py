@@ -202,6 +202,7 @@ def test_task_texts_follow_the_harness(eval_data):
     assert tasks.mean_stderr([1.0]) is None
 
 
+@pytest.mark.slow
 def test_benchmarks_during_training_score_as_the_harness_does(eval_data, data_dir, tmp_path):
     """eval.benchmarks on a run of the fixtures' GPT-2 (its config, tokenizer and weights; trained on Shakespeare
     paragraphs): one evaluator per task, every eval.every steps, whose metrics on the first N documents are the
@@ -248,6 +249,7 @@ def test_benchmarks_during_training_score_as_the_harness_does(eval_data, data_di
             build(config)
 
 
+@pytest.mark.slow
 def test_a_character_level_run_is_scored_character_by_character_and_says_so():
     """A run that reads characters: each task text is its characters' ids (those the vocabulary lacks dropped and
     reported), a request's log-likelihood the sum over the continuation's characters of log p(character | the ones

@@ -38,6 +38,7 @@ def run_copy(trained_run, tmp_path):
     return config, workdir, copy
 
 
+@pytest.mark.slow
 def test_damaged_checkpoint_names_its_step_and_falls_back_only_when_asked(run_copy, capsys):
     config, original, workdir = run_copy
     (workdir / "checkpoints" / "40" / "state" / "_METADATA").write_text("garbage")
@@ -80,6 +81,7 @@ def damage_an_array(config, workdir, step):
     raise AssertionError(f"no byte of {data} that decodes")
 
 
+@pytest.mark.slow
 def test_checksums_catch_a_flipped_byte_and_fall_back_only_to_a_verified_checkpoint(run_copy, capsys):
     config, _, workdir = run_copy
     checkpoints = workdir / "checkpoints"
@@ -127,6 +129,7 @@ def test_a_fallback_keeps_a_checkpoint_an_earlier_fallback_set_aside(run_copy, c
     assert_user_error(result, "no checkpoint in", "set aside: 30.corrupt, 40.corrupt, 40.corrupt.1")
 
 
+@pytest.mark.slow
 def test_a_checkpoint_without_checksums_restores_unverified(run_copy):
     """Checkpoints saved before checksums were recorded have no checksums.json."""
     config, original, workdir = run_copy
@@ -157,6 +160,7 @@ def test_a_nan_stop_names_the_newest_checkpoint_with_finite_parameters(tmp_path)
         count_nonfinite(flags, "stop", lambda: None)
 
 
+@pytest.mark.slow
 def test_full_disk_during_a_save_keeps_the_previous_checkpoint(run_copy, capsys):
     """`ulimit -f`: no file may grow past 50 KiB, so the checkpoint write fails with 'File too large'
     as on a full disk (SIGXFSZ, which would kill the process, is ignored)."""
@@ -178,6 +182,7 @@ def test_full_disk_during_a_save_keeps_the_previous_checkpoint(run_copy, capsys)
     assert resumed.returncode == 0 and "resumed from step 40" in resumed.stdout
 
 
+@pytest.mark.slow
 def test_a_failed_run_exits_while_a_checkpoint_write_hangs(run_copy):
     """A checkpoint write that never ends (a hung filesystem) while the run fails for another reason:
     the run waits for the write a bounded time (checkpoint.WAIT_AFTER_FAILURE_SECONDS, 1 s here), then
@@ -256,6 +261,7 @@ WRITE_FAULTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault, step, fragments", WRITE_FAULTS.values(), ids=WRITE_FAULTS)
 def test_a_failed_write_is_one_line_naming_the_intact_checkpoint(run_copy, capsys, monkeypatch, fault, step,
                                                                  fragments):
@@ -403,6 +409,7 @@ def test_a_run_stopped_by_a_check_leaves_the_filesystem_as_it_was(tmp_path, data
     assert snapshot(existing) == before  # no checkpoints/ folder, no lock file
 
 
+@pytest.mark.slow
 def test_a_run_killed_before_its_first_checkpoint_starts_one_history_again(tmp_path, data_dir, capsys, monkeypatch):
     import json
 

@@ -216,6 +216,7 @@ def wordpiece_of_size(size: int) -> WordPieceTokenizer:
     return WordPieceTokenizer(bert_pipeline(models.WordPiece(vocab, unk_token=UNK)), f"{size} test pieces")
 
 
+@pytest.mark.slow
 def test_a_bert_run_exports_as_bert_for_pretraining_with_its_vocabulary_and_reads_back_exactly(loaded, tmp_path):
     """A scanned BertForPretraining (every parameter moved by noise, the heads too) and its 140-piece
     WordPiece tokenizer, saved as a run folder (config.json, a checkpoint, tokenizer/) and exported by
@@ -340,6 +341,7 @@ def test_a_context_longer_than_the_position_table_is_reported_with_the_other_dif
     HFSource(str(FIXTURES / "gpt2"), config)  # all of the position table
 
 
+@pytest.mark.slow
 def test_a_run_starts_from_a_hf_folder_and_the_export_cli_writes_it_back(tmp_path, capsys):
     """init_from=hf:DIR through the trainer (2 steps at learning rate 0), then
     `lm export` of the run: the fixture's tensors, exactly."""

@@ -46,7 +46,7 @@ def test_init_from_config_takes_the_model_from_config_json(tmp_path, capsys):
     filled = model_from_source(config)
     assert (filled.model.num_layers, filled.model.embed_dim, filled.model.mlp_hidden_dim) == (2, 32, 48)
     assert (filled.data.vocab_size, filled.data.context_length) == (131, 256)  # lowered to n_positions
-    assert "sets data.context_length=256 (was 1024), data.vocab_size=131 (was 50257)" in capsys.readouterr().out
+    assert "sets data.context_length=256 (was 1024), data.vocab_size=131 (was 0)" in capsys.readouterr().out
     assert model_from_source(filled).to_dict() == filled.to_dict()
     config.init_from = "runs/baby"
     with pytest.raises(UserError, match="init_from_config=True takes the model from a Hugging Face folder's "
@@ -54,6 +54,7 @@ def test_init_from_config_takes_the_model_from_config_json(tmp_path, capsys):
         model_from_source(config)
 
 
+@pytest.mark.slow
 def test_an_import_run_of_no_steps_exports_a_folder_that_scores_and_samples_as_the_run(data_dir, tmp_path, capsys):
     run, exported = tmp_path / "run", tmp_path / "exported"
     train(import_config(tmp_path), str(run), build_experiment, devices=jax.devices()[:1])

@@ -143,6 +143,7 @@ def metrics(workdir) -> list[dict]:
     return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan_layers", [False, True], ids=["unrolled", "scanned"])
 def test_a_run_starts_from_another_runs_parameters(trained_run, tmp_path, test_config, scan_layers, capsys):
     """The trained run's parameters, loaded into a new run (its stacked layout too), give its final

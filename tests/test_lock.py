@@ -54,6 +54,7 @@ def training_process(workdir) -> subprocess.Popen:
                             text=True)
 
 
+@pytest.mark.slow
 def test_a_second_run_on_the_workdir_stops_at_once_and_the_first_goes_on(tmp_path, data_dir):
     workdir = tmp_path / "run"
     first = training_process(workdir)

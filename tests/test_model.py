@@ -81,6 +81,7 @@ def greedy_reference(model, params, out, window_start):
     )
 
 
+@pytest.mark.slow
 def test_greedy_generation_matches_recomputation_over_its_windows():
     model, params = init()
     params = jax.tree.map(lambda p: 8 * p, params)  # sharper, context-dependent predictions

@@ -202,6 +202,7 @@ def test_a_checkpointed_optimizer_state_resumes_exactly(name, tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_a_wsd_run_given_more_steps_goes_on_from_its_last_stable_step_as_one_run_would(tmp_path, data_dir,
                                                                                           test_config, capsys):
     """10 steps of WSD (stable to step 8), then 20 in the same folder: it resumes from the kept step-8 checkpoint

@@ -214,6 +214,7 @@ def test_attention_on_packed_rows_picks_splash_or_xla_and_never_cudnn():
         jax.eval_shape(functools.partial(built.loss, train=False), initial_params(), packed_batch(), jax.random.key(0))
 
 
+@pytest.mark.slow
 def test_splash_attention_with_segment_ids_equals_xla_on_a_sharded_mesh():
     """Packed rows (segment ids) through the Pallas kernel (interpreted on CPU) in its shard_map over a
     data 2 x tensor 2 mesh: the output and gradients of XLA's masked attention."""

@@ -61,6 +61,7 @@ def loss_and_grads(config: GPTConfig, params, inputs, targets):
     return jax.value_and_grad(functools.partial(loss_of, config))(params, inputs, targets)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("moe", [MoeConfig(), MOE], ids=["dense", "moe_every_2"])
 def test_scanned_stack_equals_the_unrolled_one(moe):
     """The same weights, stacked: the same loss with the MoE auxiliary loss (the scanned groups of
@@ -83,6 +84,7 @@ def test_scanned_stack_equals_the_unrolled_one(moe):
                  scanned_grads, scanned_layout(grads, unrolled.transformer))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("remat, scan", [("full", False), ("dots_no_batch", True)])
 def test_remat_policies_leave_loss_and_gradients_unchanged(remat, scan):
     reference = gpt(scan_layers=scan)
@@ -147,6 +149,7 @@ def test_sown_attention_weights_come_out_per_layer_in_either_layout():
         np.testing.assert_allclose(got[layer], expected[layer], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
 def test_chunked_cross_entropy_equals_the_full_logits_one(tie):
     """Per-token losses and gradients from chunks of 4 positions equal optax's cross-entropy of the
@@ -201,6 +204,7 @@ def test_a_fused_attention_that_does_not_apply_is_a_clear_error(requested, messa
         jax.eval_shape(GPT(gpt(attention_impl=requested)).init, jax.random.key(0), tokens((1, 12)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 def test_splash_attention_equals_xla_attention_on_a_sharded_mesh(causal):
     """The Pallas kernel (interpreted on CPU) inside its shard_map over a data 2 x fsdp 2 x tensor 2 mesh,
@@ -232,6 +236,7 @@ def test_xla_attention_equals_the_explicit_softmax():
     np.testing.assert_allclose(fused, explicit, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_gpt2_test_config_trains_in_bf16_and_keeps_float32_master_weights(tmp_path):
     """configs/gpt2.py:test end to end (bf16 compute, scanned layers, chunked loss, synthetic ids): the
     checkpointed params are float32 and the loss sits at ln(vocab) = ln(500), the entropy of random ids."""

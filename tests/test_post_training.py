@@ -261,6 +261,7 @@ def test_the_reference_is_the_starting_point_and_is_kept_for_a_resumed_run(token
         dpo.build(config, tmp_path).examples("train")
 
 
+@pytest.mark.slow
 def test_an_sft_run_samples_through_its_chat_template_and_exports_it_for_transformers(tokenizer_path, tmp_path,
                                                                                       capsys):
     """lm sample --chat renders the prompt as the run's own samples are; lm export writes the template into

@@ -24,6 +24,7 @@ class FakeDevice:
         return self.stats
 
 
+@pytest.mark.slow
 def test_a_profile_window_writes_a_trace_for_tensorboard_and_perfetto_and_prints_its_folder(tmp_path, data_dir,
                                                                                              capsys, monkeypatch):
     """The test config's 20 steps (its programs are the ones other tests compile: the suite's compilation

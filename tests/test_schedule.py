@@ -80,6 +80,7 @@ def test_a_length_that_is_no_number_of_steps_is_a_user_error(override, message):
         resolved(override)
 
 
+@pytest.mark.slow
 def test_config_json_records_the_schedule_a_rerun_is_finished_and_a_resumed_run_keeps_it(
         tmp_path, data_dir, test_config, capsys):
     def learning_rates():

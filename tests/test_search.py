@@ -281,6 +281,7 @@ def adapter(family, beam_size, alpha=0.6):
     return run
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["seq2seq", "transformer"])
 def test_model_greedy_equals_teacher_forced_greedy(family):
     _, params, forward = seq2seq() if family == "seq2seq" else transformer()

@@ -71,6 +71,7 @@ def test_masked_softmax_dummy_row_is_finite_and_padding_is_zero():
     np.testing.assert_allclose(w.sum(-1), 1.0, rtol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "attention,cell",
     [(a, "gru") for a in ("none", "bahdanau", "luong_general")] + [("bahdanau", "lstm")],  # (luong_dot: luong's mask)

@@ -433,6 +433,7 @@ def test_a_bad_record_stops_lm_train_before_anything_is_written(corpus, tmp_path
                                        "records\n")
 
 
+@pytest.mark.slow
 def test_a_gpt_trains_on_a_mixture_of_jsonl_sources_packed_by_document(corpus, tmp_path, capsys):
     """A mixture of the two files, 3:1: the rows' token shares are logged, and the val loss is given for the
     mixed val rows and for each source's alone."""

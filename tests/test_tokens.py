@@ -135,6 +135,7 @@ def test_build_checks_the_data_options(tmp_path, test_config, monkeypatch):
     assert not (tmp_path / "tokenizer.json").exists()
 
 
+@pytest.mark.slow
 def test_a_prompt_the_vocabulary_cannot_encode_is_refused_before_step_1(tmp_path, capsys, monkeypatch):
     """A character vocabulary without a newline (the default sample.prompt): one line before training, not a
     traceback at sampling after the last step."""
@@ -153,6 +154,7 @@ def test_a_prompt_the_vocabulary_cannot_encode_is_refused_before_step_1(tmp_path
     assert "--- sample ---" not in result.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dataset", ["token_file", "synthetic"])
 def test_training_on_token_ids_and_sampling_refused(tmp_path, test_config, monkeypatch, capsys, dataset):
     import jax

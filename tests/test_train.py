@@ -21,6 +21,7 @@ def logged(workdir, key="loss"):
     return {r["step"]: r[key] for r in records if key in r}
 
 
+@pytest.mark.slow
 def test_loss_falls_on_real_data(trained_run):
     _, workdir, summary = trained_run
     eval_loss = logged(workdir, "eval_loss")
@@ -59,6 +60,7 @@ def test_mfu_only_against_a_data_sheet_or_a_given_peak(trained_run, tmp_path, da
     assert "MFU" in capsys.readouterr().out and logged(tmp_path / "given", "mfu").keys() == {1, 2}
 
 
+@pytest.mark.slow
 def test_a_run_prints_its_first_step_at_once_and_the_progress_of_long_eval_passes(tmp_path, data_dir, test_config,
                                                                                  capsys, monkeypatch):
     """log_every=4: a slow model's first line comes after its first step (also when it resumes), not 4
@@ -103,6 +105,7 @@ def test_sharded_8_device_mesh_matches_one_device(tmp_path, data_dir, test_confi
     np.testing.assert_allclose([mesh[s] for s in mesh], [one[s] for s in one], rtol=2e-5)
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_matches_the_full_batch(tmp_path, data_dir, test_config):
     test_config.train.num_steps = 5
     test_config.train.log_every = 1
@@ -142,6 +145,7 @@ def test_the_train_step_compiles_once_per_batch_shape():
     assert float(state) == 2 * (3 + 5 + 3 + 5 + 3)
 
 
+@pytest.mark.slow
 def test_val_loss_at_a_longer_context_scores_windows_of_that_length(data_dir, test_config):
     """eval.context_lengths: RoPE and ALiBi models are scored on windows twice the training length
     (the per-token cross-entropy of the model on exactly those windows); learned positions are left out."""
@@ -192,6 +196,7 @@ def test_a_nonfinite_step_leaves_the_weights_and_optimizer_state_alone():
     assert metrics["nonfinite"] == 0 and not np.allclose(after.params["w"], 1.0)
 
 
+@pytest.mark.slow
 def test_diverging_run_stops_with_a_message_or_skips_and_never_saves_nonfinite(tmp_path, data_dir, test_config):
     """A learning rate of 1e4 sends the loss to ~1e9 at step 2 and to NaN/Inf from step 3 or 4 on
     (which one depends on XLA's float optimisations)."""
@@ -213,6 +218,7 @@ def test_diverging_run_stops_with_a_message_or_skips_and_never_saves_nonfinite(t
     assert logged(tmp_path / "skip", "nonfinite") == {4: (5 - first_nonfinite) / 4, 8: 1.0}
 
 
+@pytest.mark.slow
 def test_ctrl_c_finishes_the_step_saves_and_the_rerun_resumes_exactly(tmp_path, data_dir, test_config):
     import os
     import signal

@@ -111,6 +111,7 @@ def test_tiny_model_overfits_32_pairs_and_greedy_decodes_them(rnn_experiment, ar
     assert experiment.translate(params, sources) == references
 
 
+@pytest.mark.slow
 def test_eval_metrics_are_token_weighted(rnn_experiment):
     """Batches with few real tokens count less: the eval mean is the mean over all tokens."""
     experiment = rnn_experiment

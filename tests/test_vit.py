@@ -62,6 +62,7 @@ def test_patch_permutation(position, invariant):
         assert float(jnp.abs(permuted_logits - logits).max()) > 1e-4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("switches", [
     dict(pool="cls", position="learned"),
     dict(position="rope", norm="rms", norm_position="post", mlp="swiglu"),
@@ -318,6 +319,7 @@ def test_attention_rollout_against_the_formula():
     np.testing.assert_allclose(attention_rollout([identity]), identity)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pool", ["gap", "cls"])
 def test_patch_attention_is_a_distribution_over_the_patches(pool, tmp_path):
     """With average pooling the rollout to the patches sums to 1; with [CLS] to 1 less what [CLS] keeps."""

@@ -31,7 +31,7 @@ END_OF_TEXT = "<|endoftext|>"  # GPT-2's document separator: id 50256 in GPT-2's
 GPT2_VOCAB = "vocab/gpt2-vocab.json.gz"  # under $LM_DATA_DIR: OpenAI's encoder.json, gzipped
 GPT2_MERGES = "vocab/gpt2-merges.txt"  # OpenAI's vocab.bpe: '#version: 0.2', then one merge 'a b' a line
 GPT2_HOW = ("GPT-2's vocab.json (gzipped) and merges.txt, e.g. from the Hugging Face hub's openai-community/gpt2 "
-            "(see shared/data/README.md, vocab/)")
+            "(see docs/data-files.md, vocab/)")
 MIN_VOCAB_SIZE = 256 + 1  # every byte, and <|endoftext|>
 PIECE_BOUNDARY = re.compile(r"(?<=\S)\n")  # where split_text cuts: before a newline after a non-space
 

@@ -17,7 +17,7 @@ def find_file(
 ) -> pathlib.Path:
     """Returns $LM_DATA_DIR/relative_path, else a cached download of url (unless $LM_OFFLINE is set;
     checked against md5 when given), else raises UserError naming every place it looked and how to
-    provide the file (how: the end of that message; by default, see shared/data/README.md)."""
+    provide the file (how: the end of that message; by default, see docs/data-files.md)."""
     data_dir = os.environ.get(DATA_DIR_ENV)
     looked_at = []
     if data_dir:
@@ -44,5 +44,5 @@ def find_file(
             looked_at.append(f"{url} ({e})")
     raise UserError(
         f"data file {relative_path} not found (looked at: {', '.join(looked_at)}); "
-        f"set {DATA_DIR_ENV} to a folder holding {relative_path} ({how or 'see shared/data/README.md'})"
+        f"set {DATA_DIR_ENV} to a folder holding {relative_path} ({how or 'see docs/data-files.md'})"
     )

@@ -82,7 +82,7 @@ def read_cifar10_archive(path, split: str) -> tuple[np.ndarray, np.ndarray]:
 def load_cifar10(split: str) -> tuple[np.ndarray, np.ndarray]:
     """(images (N, 32, 32, 3) uint8, labels (N,) int32) of the train (50k) or test (10k) split, read-only.
 
-    From $LM_DATA_DIR/cifar10/<split>.npz (decoded from JPEG: see shared/data/README.md), else a
+    From $LM_DATA_DIR/cifar10/<split>.npz (decoded from JPEG: see docs/data-files.md), else a
     prepared TFDS cifar10, else the canonical archive ($LM_DATA_DIR/cifar10/cifar-10-python.tar.gz,
     or downloaded into the cache unless $LM_OFFLINE is set); else UserError naming the paths looked
     at. Cached per process."""
@@ -104,7 +104,7 @@ def load_cifar10(split: str) -> tuple[np.ndarray, np.ndarray]:
                 images, labels = arrays["x"], arrays["y"].astype(np.int32)
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
             raise UserError(f"{path} cannot be read as a CIFAR-10 .npz with arrays x and y ({type(e).__name__}: "
-                            f"{e}); replace it (see shared/data/README.md)") from e
+                            f"{e}); replace it (see docs/data-files.md)") from e
     if images.shape[1:] != (32, 32, 3) or images.dtype != np.uint8 or labels.shape != images.shape[:1]:
         raise UserError(f"CIFAR-10 {split}: expected x (N, 32, 32, 3) uint8 and y (N,), got x {images.shape} "
                         f"{images.dtype} and y {labels.shape}")

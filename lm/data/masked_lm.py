@@ -1,6 +1,6 @@
 """BERT pretraining data: sentence pairs for next-sentence prediction, masked for the masked LM.
 
-Corpus ($LM_DATA_DIR/corpus/<name>.txt.gz, shared/data/README.md): one paragraph a line; documents are
+Corpus ($LM_DATA_DIR/corpus/<name>.txt.gz, docs/data-files.md): one paragraph a line; documents are
 separated by one empty line (gutenberg_books, us_presidential_speeches), or start at a ` = Title = `
 line (wikitext2_valid, wikitext2_test; their ` = = Section = = ` lines are left out). A document from a
 source (experiments/masked_lm.py) is one record's text, its paragraphs one a line (paragraphs). Paragraphs are
@@ -41,7 +41,7 @@ from lm.data.wordpiece import WordPieceTokenizer
 from lm.errors import UserError
 from lm.progress import Progress
 
-CORPUS_HOW = "one paragraph a line, documents separated by one empty line, gzip-compressed (shared/data/README.md)"
+CORPUS_HOW = "one paragraph a line, documents separated by one empty line, gzip-compressed (docs/data-files.md)"
 TITLE_LINE = re.compile(r"^ = [^=].* = $")  # a WikiText article's first line
 SECTION_LINE = re.compile(r"^ (= )+.* (= )+$")  # any WikiText heading
 SENTENCE_END = re.compile(r"[.!?]+[\"'”’)\]]*\s+")  # the end of a sentence and the spaces after it

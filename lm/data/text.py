@@ -57,9 +57,9 @@ def load_text(dataset: str) -> str:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise UserError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); replace it with the "
-                        "plain-text corpus (see shared/data/README.md)") from e
+                        "plain-text corpus (see docs/data-files.md)") from e
     if not text.strip():
-        raise UserError(f"{path} is empty; replace it with the plain-text corpus (see shared/data/README.md)")
+        raise UserError(f"{path} is empty; replace it with the plain-text corpus (see docs/data-files.md)")
     return text
 
 

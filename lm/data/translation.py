@@ -55,11 +55,11 @@ def read_lines(path: pathlib.Path) -> list[str]:
             lines = f.read().split("\n")
     except (OSError, EOFError, UnicodeDecodeError) as e:  # gzip.BadGzipFile is an OSError
         raise UserError(f"{path} cannot be read as gzipped UTF-8 text ({type(e).__name__}: {e}); replace it "
-                        "with the Multi30k file (see shared/data/README.md)") from e
+                        "with the Multi30k file (see docs/data-files.md)") from e
     if lines and lines[-1] == "":
         lines.pop()  # the file's final newline
     if not lines:
-        raise UserError(f"{path} is empty; replace it with the Multi30k file (see shared/data/README.md)")
+        raise UserError(f"{path} is empty; replace it with the Multi30k file (see docs/data-files.md)")
     return lines
 
 

@@ -32,7 +32,7 @@ CONTINUATION = "##"  # marks a piece that continues a word
 TOKENIZER_FILE = "tokenizer.json"  # what save writes into a directory
 VOCABS = {"bert-base-uncased": "vocab/bert-base-uncased-vocab.txt"}  # names for data.vocab, under $LM_DATA_DIR
 VOCAB_HOW = ("a vocab.txt of one WordPiece a line, e.g. bert-base-uncased's from the Hugging Face hub "
-             "(see shared/data/README.md, vocab/)")
+             "(see docs/data-files.md, vocab/)")
 
 
 def bert_pipeline(model: models.WordPiece) -> tokenizers.Tokenizer:

@@ -1,5 +1,5 @@
 """The zero-shot tasks, each as lm-evaluation-harness defines it (its task YAML and utils, lm-eval 0.4.13), read from
-$LM_DATA_DIR (shared/data/README.md gives each file's origin and format).
+$LM_DATA_DIR (docs/data-files.md gives each file's origin and format).
 
   hellaswag       "<activity_label>: <ctx_a> <ctx_b capitalised>" -> " <ending>" (4), all text through the harness's
                   preprocess (strip, " [title]" -> ". ", [bracketed] marks dropped, double spaces made single);
@@ -37,7 +37,7 @@ from lm.data.files import find_file
 from lm.errors import UserError
 
 DELIMITER = " "  # the harness's target_delimiter
-HOW = "the file shared/data/README.md describes, in $LM_DATA_DIR/{path}"
+HOW = "the file docs/data-files.md describes, in $LM_DATA_DIR/{path}"
 
 
 @dataclasses.dataclass(frozen=True)

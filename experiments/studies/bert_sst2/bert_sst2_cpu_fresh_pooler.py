@@ -1,4 +1,4 @@
-"""An ablation of the SST-2 CPU study (bert_sst2_cpu.py, the same config and budget): the encoder
+r"""An ablation of the SST-2 CPU study (bert_sst2_cpu.py, the same config and budget): the encoder
 from the finished pretraining (step 2000) without its pooler, which next-sentence prediction trained; the pooler
 starts fresh, as the classifier does (init_from_rename leaves it out of what is loaded). 3 seeds; the figures are in
 docs/bert.md#pretrained-vs-scratch.

@@ -1,4 +1,4 @@
-"""An ablation of the SST-2 CPU study at its best learning rate (bert_sst2_cpu_lr_best.py, 3e-4):
+r"""An ablation of the SST-2 CPU study at its best learning rate (bert_sst2_cpu_lr_best.py, 3e-4):
 the finished encoder (step 2000) with a fresh token table. With the table tied to the masked-LM output, pretraining
 on the small corpus pushes the rows of the pieces it rarely or never saw in one common direction (a mean cosine of
 0.65-0.74 between the rows of SST-2's pieces that the corpus holds fewer than 10 times, 0.06-0.10 between those it

@@ -1,4 +1,4 @@
-"""The fresh-token-table ablation of experiments/studies/bert_sst2/bert_sst2_cpu_fresh_tokens.py on STS-B, at the
+r"""The fresh-token-table ablation of experiments/studies/bert_sst2/bert_sst2_cpu_fresh_tokens.py on STS-B, at the
 STS-B CPU study's budget and learning rate (bert_stsb_cpu.py, 1e-4): the finished encoder (step 2000) with its token
 table left out of what is loaded. 3 seeds; the figures are in docs/bert.md#pretrained-vs-scratch.
 

@@ -1,4 +1,4 @@
-"""Stability over learning rates, at 1e-1: the baseline, QK-norm, the soft-caps and both (the baby GPT, 400 steps).
+r"""Stability over learning rates, at 1e-1: the baseline, QK-norm, the soft-caps and both (the baby GPT, 400 steps).
 
   lm sweep --sweep_file=experiments/studies/stability/stability_high_lr.py --workdir=runs/stability_high_lr --parallel=2
   lm compare runs/stability_high_lr --group_by=model.qk_norm,model.attention_softcap \

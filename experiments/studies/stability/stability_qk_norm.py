@@ -1,4 +1,4 @@
-"""Stability over learning rates, part 1 of 3: the baseline and QK-norm (the baby GPT, 400 steps).
+r"""Stability over learning rates, part 1 of 3: the baseline and QK-norm (the baby GPT, 400 steps).
 
   lm sweep --sweep_file=experiments/studies/stability/stability_qk_norm.py --workdir=runs/stability_qk_norm --parallel=2
   lm compare runs/stability_qk_norm runs/stability_softcap runs/stability_z_loss \

@@ -1,7 +1,7 @@
 """CoNLL-2003 English NER: a tag per word, IOB2 (every entity starts with B-), types PER LOC ORG MISC;
 train 14,041 sentences, valid 3,250, test 3,453.
 
-Files (shared/data/README.md, conll2003/): train.txt.gz, valid.txt, test.txt; a word a line,
+Files (docs/data-files.md, conll2003/): train.txt.gz, valid.txt, test.txt; a word a line,
 `word POS chunk NER`, a blank line after each sentence, `-DOCSTART-` lines between documents.
 
 A word's tag goes on its first WordPiece; its other pieces, [CLS], [SEP] and the padding carry no tag

@@ -1,6 +1,6 @@
 """SQuAD v1.1: extractive question answering, an answer is a span of the context paragraph.
 
-Files (shared/data/README.md, squad/): train-v1.1-subset-44articles.json.gz (44 of the training set's
+Files (docs/data-files.md, squad/): train-v1.1-subset-44articles.json.gz (44 of the training set's
 articles, 11,877 questions, one answer each: not the full 87,599) and dev-v1.1.json.gz (the official dev
 set, 10,570 questions, 1 to 6 reference answers each, all of them used in scoring).
 

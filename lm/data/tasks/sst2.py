@@ -1,6 +1,6 @@
 """GLUE SST-2: single-sentence sentiment, 0 negative / 1 positive; train 67,349, dev 872 (test has no labels).
 
-Files (shared/data/README.md, sst2/): train.tsv.gz and dev.tsv, a header line then `sentence<TAB>label`.
+Files (docs/data-files.md, sst2/): train.tsv.gz and dev.tsv, a header line then `sentence<TAB>label`.
 """
 
 import numpy as np

@@ -1,6 +1,6 @@
 """GLUE STS-B: sentence-pair similarity, a score from 0 to 5; train 5,749, dev 1,500, test 1,379.
 
-Files (shared/data/README.md, stsb/): train.tsv and dev.tsv (GLUE: a header, then tab-separated
+Files (docs/data-files.md, stsb/): train.tsv and dev.tsv (GLUE: a header, then tab-separated
 `index genre filename year old_index source1 source2 sentence1 sentence2 score`); GLUE's test.tsv has no
 scores, so the test split is read from original/sts-test.tsv (no header; `genre filename year old_index
 score sentence1 sentence2 [source license]`), row for row the same pairs.
