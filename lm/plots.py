@@ -134,3 +134,37 @@ def save_image_attention(path: str | pathlib.Path, images: np.ndarray, maps: np.
     axes[1, 0].set_title("attention rollout", fontsize=8, loc="left")
     figure.savefig(path, format="png", dpi=DPI)
     return round(figure.get_figwidth() * DPI), round(figure.get_figheight() * DPI)
+
+
+def save_scaling_laws(path: str | pathlib.Path, series: Mapping[str, tuple[np.ndarray, ...]], xlabel: str,
+                      ylabel: str = "final eval loss", title: str = "") -> tuple[int, int]:
+    """Writes a PNG of fitted scaling laws to path, log-log: one colour per entry of series, each (x, y, fit_x,
+    fit_y): the measured points (x, y) as dots (a seed each) and the fitted curve (fit_x, fit_y) as a line.
+    Returns the image's (width, height) in pixels."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import ScalarFormatter
+
+    legend_lines = len(series) if len(series) > 3 else 0
+    figure = Figure(figsize=(8.0, 5.0 + 0.2 * legend_lines), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(figure)
+    ax = figure.subplots()
+    for index, (label, (x, y, fit_x, fit_y)) in enumerate(series.items()):
+        ax.plot(fit_x, fit_y, color=f"C{index % 10}", label=label)
+        ax.plot(x, y, color=f"C{index % 10}", marker="o", linestyle="none", markersize=4, alpha=0.7)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    low, high = ax.get_ylim()
+    if high < 10 * low:  # within a decade (a loss): plain numbers on the y axis, not powers of ten
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_formatter(ScalarFormatter())
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title or ylabel)
+    ax.grid(alpha=0.3, which="both")
+    if legend_lines:
+        figure.legend(loc="outside lower center", fontsize=8)
+    elif series:
+        ax.legend(fontsize=8)
+    figure.savefig(path, format="png", dpi=DPI)
+    return round(figure.get_figwidth() * DPI), round(figure.get_figheight() * DPI)

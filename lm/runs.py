@@ -18,6 +18,7 @@ METRICS_FILE = "metrics.jsonl"  # one JSON object per logged step: train or eval
 SUMMARY_FILE = "summary.json"  # the last eval metrics and run facts (parameters, compile and train time)
 RESULTS_FILE = "results.json"  # the experiment's held-out results, written once training is done
 DATA_CACHE_DIR = "data_cache"  # the tokenised corpus, for a resumed run (lm/data/run_cache.py)
+SWEEP_FILE = "sweep.json"  # in a sweep's folder (lm sweep): its config, axes, overrides and arms
 
 Field = tuple[str, Any, Any]  # (dotted config key, its value in a saved run, its value in this config)
 

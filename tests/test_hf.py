@@ -301,8 +301,8 @@ def test_what_lm_cannot_represent_is_one_clear_line(tmp_path):
     cases = [
         (edited_folder(tmp_path, "gpt2", architectures=["T5ForConditionalGeneration"]),
          r"config.json's architectures are \['T5ForConditionalGeneration'\]; lm reads GPT2LMHeadModel, "),
-        (edited_folder(tmp_path, "llama", rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1.0}),
-         r"config.json has rope_type='linear', which lm cannot represent: lm's RoPE has no scaling"),
+        (edited_folder(tmp_path, "llama", rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1.0}),
+         r"config.json has rope_type='dynamic', which lm cannot represent: transformers' dynamic NTK grows the base"),
         (edited_folder(tmp_path, "vit", qkv_bias=False),
          r"config.json has qkv_bias=False, which lm cannot represent"),
         (FIXTURES / "vit", r"is a ViTForImageClassification, for an experiment=image_classification run; "

@@ -63,6 +63,12 @@ def test_each_schedule_is_its_formula(schedule, shape):
     np.testing.assert_allclose(np.asarray(got), numpy_schedule(schedule, shape, steps), rtol=1e-5, atol=1e-9)
 
 
+@pytest.mark.parametrize("schedule", ["cosine", "linear", "constant", "wsd"])
+def test_without_a_warmup_every_schedule_starts_at_its_peak(schedule):
+    config = optimizer_options(schedule=schedule, learning_rate=PEAK, warmup_steps=0, decay_steps=100)
+    assert float(learning_rate_schedule(config)(0)) == pytest.approx(PEAK)
+
+
 def test_a_wsd_decay_follows_the_run_and_a_moved_decay_resumes_before_either_decay_began():
     config = resolve_config("configs/gpt_shakespeare.py:baby", {"optimizer.schedule": "wsd", "train.num_steps": "500"})
     recorded = resolve_schedule(config).optimizer.to_dict()

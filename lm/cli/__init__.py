@@ -14,7 +14,8 @@ from absl import flags
 from lm.console import steady_streams
 from lm.errors import EXIT_USER_ERROR, fail
 
-COMMANDS = ("train", "sample", "eval", "export", "prepare", "sweep", "compare", "translate")  # lm/cli/<command>.py
+# lm/cli/<command>.py
+COMMANDS = ("train", "sample", "eval", "export", "prepare", "sweep", "compare", "scaling", "translate")
 HELP_FLAGS = ("-h", "-?", "--help", "--helpshort", "--helpfull")  # answered with the command's own help
 
 # The flags the helpers below define belong to the command that calls them (its --help lists them).

@@ -9,6 +9,13 @@ Each arm trains in <workdir>/<arm name> (e.g. runs/norm/model.norm_position=pre,
 in <arm>/train.log). --config.key=value overrides apply to every arm. A sweep file is a Python module
 with CONFIG (the config spec), AXES ({key: [values]}) and optionally OVERRIDES ({key: value}).
 
+A model-size axis: --sweep=size=WIDTHxDEPTH,... (e.g. size=64x2,128x4,256x4) or named sizes (NAMED_SIZES:
+gpt2, gpt2-medium, pythia-70m, ...; their shapes, not their vocabularies). Each sets model.embed_dim and
+model.num_layers; WIDTHxDEPTH keeps the config's head dimension (model.embed_dim / model.num_heads) and
+derives model.num_heads, a named size sets its own; model.num_kv_heads keeps the config's ratio of query to
+key/value heads, and an explicit model.mlp_hidden_dim scales with the width. Fit the sizes' losses with
+lm scaling.
+
 Every arm's overrides are checked against the config before any arm starts. Rerunning the same command
 skips finished arms (results.json at train.num_steps) and resumes interrupted ones from their latest
 checkpoint. <workdir>/sweep.json records the config, axes, overrides and each arm's workdir and status;
@@ -40,9 +47,9 @@ from lm.cli import define_string_once, define_workdir, parse_flags, reject_argum
 from lm.cli.overrides import format_value, parse_axis, parse_value, resolve_config, split_config_overrides
 from lm.errors import UserError, run_user_errors
 from lm.progress import format_duration, shown_path
-from lm.runs import METRICS_FILE, RESULTS_FILE, SUMMARY_FILE
+from lm.runs import METRICS_FILE, RESULTS_FILE, SUMMARY_FILE, SWEEP_FILE
+from lm.scaling import NAMED_SIZES, SIZE_AXIS, SIZE_KEYS
 
-SWEEP_FILE = "sweep.json"
 LOG_FILE = "train.log"  # an arm's lm train output
 PROGRESS_SECONDS = 30.0  # a progress line at most this often while arms run
 STOPPED_EXIT_CODES = (128 + signal.SIGTERM, 128 + signal.SIGINT)  # lm train saved a checkpoint, then stopped
@@ -63,6 +70,7 @@ class Arm:
     status: str = "pending"  # pending | running | finished | skipped (finished earlier) | interrupted | failed (exit N)
     started: float | None = None  # time.monotonic() when it started running
     seconds: float | None = None  # how long it ran, once it stopped
+    train_flags: dict[str, str] = dataclasses.field(default_factory=dict)  # its lm train overrides (train_overrides)
 
 
 def expand_grid(axes: dict[str, list[str]]) -> list[dict[str, str]]:
@@ -75,6 +83,51 @@ def arm_name(overrides: dict[str, str]) -> str:
     """'model.norm_position=pre,seed=0': a folder name (characters other than letters, digits and
     . _ = , + - become _)."""
     return re.sub(r"[^A-Za-z0-9._=,+-]", "_", ",".join(f"{k}={v}" for k, v in overrides.items()))
+
+
+def size_overrides(value: str, model) -> dict[str, str]:
+    """The model overrides of one value of the size axis (WIDTHxDEPTH or a name of NAMED_SIZES) on a config whose
+    model section is model: embed_dim and num_layers; num_heads from the named size, else at model's head
+    dimension; num_kv_heads at model's ratio of query to key/value heads; an explicit mlp_hidden_dim scaled by
+    the width. A value that gives no valid model is a UserError."""
+    if not all(key in model for key in ("embed_dim", "num_layers", "num_heads", "num_kv_heads")):
+        raise UserError(f"--sweep={SIZE_AXIS}=...: the config's model has no embed_dim, num_layers, num_heads and "
+                        "num_kv_heads to size")
+    group = model.num_heads // model.num_kv_heads  # query heads per key/value head
+    if value in NAMED_SIZES:
+        width, depth, heads = NAMED_SIZES[value]
+    elif match := re.fullmatch(r"([1-9][0-9]*)x([1-9][0-9]*)", value):
+        width, depth = int(match[1]), int(match[2])
+        head_dim = model.embed_dim // model.num_heads
+        if width % head_dim:
+            raise UserError(f"--sweep={SIZE_AXIS}={value}: the width {width} is not a multiple of the config's head "
+                            f"dimension {head_dim} (model.embed_dim / model.num_heads)")
+        heads = width // head_dim
+    else:
+        raise UserError(f"--sweep={SIZE_AXIS}={value}: write WIDTHxDEPTH (e.g. 256x4) or a named size "
+                        f"({', '.join(NAMED_SIZES)})")
+    if heads % group:
+        raise UserError(f"--sweep={SIZE_AXIS}={value}: its {heads} heads do not split into the config's groups of "
+                        f"{group} query heads per key/value head (model.num_heads / model.num_kv_heads)")
+    sized = {"model.embed_dim": width, "model.num_layers": depth, "model.num_heads": heads,
+             "model.num_kv_heads": heads // group}
+    if model.get("mlp_hidden_dim"):
+        sized["model.mlp_hidden_dim"] = round(model.mlp_hidden_dim * width / model.embed_dim)
+    return {key: str(v) for key, v in sized.items()}
+
+
+def train_overrides(spec: str, overrides: dict[str, str]) -> dict[str, str]:
+    """The --config overrides lm train gets for an arm's overrides: the size axis's value (if any) replaced by the
+    model keys it sets (size_overrides, on the config of the other overrides); a size key set as well is a
+    UserError."""
+    if SIZE_AXIS not in overrides:
+        return overrides
+    rest = {k: v for k, v in overrides.items() if k != SIZE_AXIS}
+    both = [key for key in SIZE_KEYS if key in rest]
+    if both:
+        raise UserError(f"--sweep={SIZE_AXIS}=... sets {', '.join(both)}: drop {'it' if len(both) == 1 else 'them'} "
+                        "from the other axes and overrides")
+    return {**rest, **size_overrides(overrides[SIZE_AXIS], resolve_config(spec, rest).model)}
 
 
 def load_sweep_file(path: str) -> tuple[str, dict[str, list[str]], dict[str, str]]:
@@ -109,9 +162,10 @@ def plan_sweep(spec: str, axes: dict[str, list[str]], overrides: dict[str, str],
         raise UserError(f"{', '.join(both)} is both a sweep axis and a --config override; drop one")
     arms = []
     for arm_overrides in expand_grid(axes):
-        config = resolve_config(spec, {**overrides, **arm_overrides})
+        train_flags = train_overrides(spec, {**overrides, **arm_overrides})
+        config = resolve_config(spec, train_flags)
         name = arm_name(arm_overrides)
-        arms.append(Arm(name, arm_overrides, workdir / name, int(config.train.num_steps)))
+        arms.append(Arm(name, arm_overrides, workdir / name, int(config.train.num_steps), train_flags=train_flags))
     names = [arm.name for arm in arms]
     if len(set(names)) != len(names):
         raise UserError(f"two arms would share a folder name: {names}; make the sweep values distinct")
@@ -251,7 +305,7 @@ def run_sweep(spec: str, axes: dict[str, list[str]], overrides: dict[str, str], 
             arm.status = "running"
             write_record(workdir, spec, axes, overrides, arms)
         print(f"start {number}: {arm.name}", flush=True)
-        code = runner(spec, {**overrides, **arm.overrides}, arm.workdir)
+        code = runner(spec, arm.train_flags, arm.workdir)
         with lock:
             arm.seconds = time.monotonic() - arm.started
             if code in STOPPED_EXIT_CODES or (code == 0 and not is_finished(arm)):

@@ -23,7 +23,7 @@ from lm.errors import UserError
 from lm.layers.linear import Linear
 from lm.layers.lora import LoraConfig
 from lm.layers.partitioning import constrain, param_init
-from lm.layers.positions import alibi_bias, apply_rope
+from lm.layers.positions import RopeScaling, alibi_bias, apply_rope
 from lm.layers.splash import splash_attention
 
 ACTIVATION_AXES = ("batch", "length", "heads", "kv")
@@ -120,14 +120,15 @@ def combine_masks(*masks: jax.Array | None) -> jax.Array | None:
 
 
 def attention_weights(q: jax.Array, k: jax.Array, bias: jax.Array | None, mask: jax.Array | None,
-                      softcap: float = 0.0) -> jax.Array:
+                      softcap: float = 0.0, scale: float | None = None) -> jax.Array:
     """softmax(capped(q.k / sqrt(Dh), softcap) + bias) over keys, masked: q (B, T, H, Dh), k (B, S, K, Dh) ->
-    (B, H, T, S)."""
+    (B, H, T, S). scale: q.k times scale instead of / sqrt(Dh)."""
     batch, length, num_heads, head_dim = q.shape
     kv_heads = k.shape[2]
     grouped = q.reshape(batch, length, kv_heads, num_heads // kv_heads, head_dim)  # (B, T, K, G, Dh)
     logits = jnp.einsum("btkgd,bskd->bkgts", grouped, k, preferred_element_type=jnp.float32)
-    logits = logits.reshape(batch, num_heads, length, k.shape[1]) / jnp.sqrt(head_dim).astype(jnp.float32)
+    logits = logits.reshape(batch, num_heads, length, k.shape[1])
+    logits = logits / jnp.sqrt(head_dim).astype(jnp.float32) if scale is None else logits * scale
     logits = capped(logits, softcap)
     if bias is not None:
         logits = logits + bias
@@ -159,7 +160,8 @@ class MultiHeadAttention(nn.Module):
     go into a 'cache' collection whose length is fixed by the input given to `init`.
     lora: the LoRA adapters of the projections query, key, value and out that its targets name.
     qk_norm: RMSNorm (epsilon norm_epsilon) over each head's queries and keys. softcap > 0: the scores q.k / sqrt(Dh)
-    are capped to softcap * tanh(. / softcap) before bias and mask.
+    are capped to softcap * tanh(. / softcap) before bias and mask. scale: the scores are q.k * scale, not
+    q.k / sqrt(Dh) (None), on every path (μP's sqrt(Dh0) / Dh: TransformerConfig.attention_scale).
     """
 
     num_heads: int
@@ -168,6 +170,7 @@ class MultiHeadAttention(nn.Module):
     causal: bool = False
     position: str = "none"
     rope_base: float = 10000.0
+    rope_scaling: RopeScaling = RopeScaling()  # how RoPE's frequencies are stretched (lm/layers/positions.py)
     dropout: float = 0.0  # on the attention weights
     use_bias: bool = True
     dtype: Any = jnp.float32
@@ -178,6 +181,7 @@ class MultiHeadAttention(nn.Module):
     qk_norm: bool = False
     norm_epsilon: float = 1e-6  # of qk_norm
     softcap: float = 0.0
+    scale: float | None = None  # of the scores q.k; None: 1 / sqrt(head_dim)
 
     @nn.compact
     def __call__(
@@ -227,8 +231,8 @@ class MultiHeadAttention(nn.Module):
         if positions is None:
             positions = jnp.arange(length) if cache_index is None else cache_index + jnp.arange(length)
         if self_attention and self.position == "rope":
-            q = apply_rope(q, positions, self.rope_base)
-            k = apply_rope(k, positions, self.rope_base)
+            q = apply_rope(q, positions, self.rope_base, self.rope_scaling)
+            k = apply_rope(k, positions, self.rope_base, self.rope_scaling)
 
         use_causal_flag = self.causal and cache_index is None
         key_positions = positions if self_attention else jnp.arange(kv.shape[1])
@@ -251,7 +255,7 @@ class MultiHeadAttention(nn.Module):
             if use_causal_flag:  # by index, as the fused path's is_causal (packed rows restart their positions)
                 mask = combine_masks(mask, causal_mask(jnp.arange(length), jnp.arange(k.shape[1])))
             mask = combine_masks(mask, segments)
-            weights = attention_weights(q, k, bias, mask, self.softcap)  # (B, H, T, S)
+            weights = attention_weights(q, k, bias, mask, self.softcap, self.scale)  # (B, H, T, S)
             if capture_weights:
                 self.sow("intermediates", "attention_weights", weights)
             weights = nn.Dropout(self.dropout, deterministic=not train)(weights)
@@ -259,14 +263,14 @@ class MultiHeadAttention(nn.Module):
         else:
             if implementation == "splash":
                 out = splash_attention(q, k, v, use_causal_flag, segment_ids, interpret=platform != "tpu",
-                                       softcap=self.softcap)
+                                       softcap=self.softcap, scale=self.scale)
             else:
                 mask = combine_masks(mask, segments)
                 if mask is not None:
                     mask = jnp.broadcast_to(mask, (mask.shape[0], mask.shape[1], length, k.shape[1]))
                 out = jax.nn.dot_product_attention(
                     q, k, v, bias=None if bias is None else bias.astype(q.dtype), mask=mask,
-                    is_causal=use_causal_flag, implementation=implementation,
+                    scale=self.scale, is_causal=use_causal_flag, implementation=implementation,
                 )
         out = constrain(out, ACTIVATION_AXES)  # (B, T, H, Dh)
 

@@ -46,11 +46,13 @@ def embed(tokens: jax.Array, positions: jax.Array, vocab_size: int, max_length: 
     """tokens (B, L), positions (L,) or per row (B, L) -> (B, L, D) token embedding [* sqrt(D)] + position
     table, with dropout; and the token table (the decoder's output layer reuses it). Call inside a compact method.
     The scale keeps the tokens from drowning in a fixed sinusoidal table of amplitude 1 when the
-    embeddings start small (N(0, 1/sqrt(D)) with the xavier scheme)."""
+    embeddings start small (N(0, 1/sqrt(D)) with the xavier scheme); under μP it is sqrt(mup_base_width), what it
+    is at the base width, as the embeddings' initialisation is."""
     table = TokenEmbedding(vocab_size, cfg.embed_dim, dtype=cfg.dtype,
                            embedding_init=param_init(cfg.inits.embedding, ("vocab", "embed")), name="token_embed")
     position_table = PositionEmbedding(cfg.position, max_length, cfg.embed_dim, cfg.inits.embedding,
                                        name="position_embed")(positions)
-    x = table(tokens) * (math.sqrt(cfg.embed_dim) if scale else 1.0) + position_table.astype(cfg.dtype)
+    multiplier = math.sqrt(cfg.mup_base_width if cfg.mup else cfg.embed_dim) if scale else 1.0
+    x = table(tokens) * multiplier + position_table.astype(cfg.dtype)
     x = nn.Dropout(cfg.dropout, deterministic=not train)(x)
     return constrain(x, ("batch", "length", "embed")), table

@@ -54,6 +54,7 @@ class LMHead(nn.Module):
 
     embedding given (tied): the token table's attend, h . E^T; else a bias-free kernel 'lm_head' (D, V)
     of padded_vocab_size columns. The padding rows are cut off, so they never compete in a softmax.
+    multiplier: the logits times it (μP's readout multiplier base_width / width; 1: none), before the softcap.
     softcap > 0: the logits capped to softcap * tanh(z / softcap).
     """
 
@@ -63,6 +64,7 @@ class LMHead(nn.Module):
     dtype: Any = jnp.float32
     kernel_init: Callable = nn.initializers.normal(0.02)
     softcap: float = 0.0
+    multiplier: float = 1.0
 
     @nn.compact
     def __call__(self, hidden: jax.Array) -> jax.Array:
@@ -74,6 +76,8 @@ class LMHead(nn.Module):
                              dtype=self.dtype, kernel_init=self.kernel_init, name="lm_head")
         logits = project(hidden.reshape(-1, embed_dim)).reshape(*hidden.shape[:-1], -1)
         logits = constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))[..., : self.vocab_size]
+        if self.multiplier != 1:
+            logits = logits * self.multiplier
         return capped(logits, self.softcap)
 
 

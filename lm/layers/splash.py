@@ -20,14 +20,15 @@ HEADS_MAJOR_AXES = ("batch", "heads", "length", "kv")  # the (B, H, T, Dh) layou
 
 
 def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool, segment_ids: jax.Array | None,
-                     interpret: bool, softcap: float = 0.0) -> jax.Array:
+                     interpret: bool, softcap: float = 0.0, scale: float | None = None) -> jax.Array:
     """softmax(q.k / sqrt(Dh)) v per head: q (B, T, H, Dh), k and v (B, S, K, Dh), K dividing H
     (grouped-query heads are repeated) -> (B, T, H, Dh). segment_ids (B, T) of self-attention over packed
     rows (T = S): a query sees only the keys of its own segment; None: no segments. softcap > 0: the scores
-    are softcap * tanh(q.k / sqrt(Dh) / softcap) (the kernel's attn_logits_soft_cap)."""
+    are softcap * tanh(q.k / sqrt(Dh) / softcap) (the kernel's attn_logits_soft_cap). scale: q.k times scale
+    instead of / sqrt(Dh) (None)."""
     groups = q.shape[2] // k.shape[2]
     k, v = (jnp.repeat(x, groups, axis=2) for x in (k, v))  # (B, S, H, Dh)
-    q = q * jnp.asarray(1 / np.sqrt(q.shape[-1]), q.dtype)
+    q = q * jnp.asarray(1 / np.sqrt(q.shape[-1]) if scale is None else scale, q.dtype)
     q, k, v = (x.transpose(0, 2, 1, 3) for x in (q, k, v))  # (B, H, L, Dh)
 
     def per_device(q, k, v, segment_ids):  # this device's shard: (b, h, T, Dh), (b, h, S, Dh), (b, T) or None

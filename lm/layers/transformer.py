@@ -13,6 +13,12 @@ values, from which the configs' `model` section and its checks are generated (lm
 Stability switches: qk_norm (RMSNorm over each head's queries and keys), attention_softcap and logit_softcap
 (scores and output logits squashed to cap * tanh(s / cap); the output heads of lm/layers/heads.py cap theirs).
 
+parametrization=mup (Tensor Programs V, Yang et al. 2022): the hidden matrices' initial variance goes as 1/fan_in
+from its value at mup_base_width (lm/layers/initializers.py), the attention scores are scaled by sqrt(Dh0) / Dh
+(attention_scale), the readout's logits by mup_base_width / embed_dim (width_ratio, lm/layers/heads.py), and the
+Adam-like optimizers' learning rate of the hidden matrices by the same ratio (lm/train/optim.py): a learning rate
+tuned at the base width then holds at every width. At embed_dim = mup_base_width the model is the standard one.
+
 How the stack is compiled is a config choice too, with the same numerics either way:
   scan_layers=False  one block_<i> module per layer: XLA sees (and compiles) every layer
   scan_layers=True   one `nn.scan` over layers: the parameters of all layers stacked on a leading
@@ -43,9 +49,10 @@ from lm.layers.moe import MoeMlp
 from lm.layers.norms import NORM_KINDS, Norm
 from lm.layers.options import SHARE_BELOW_ONE, above, at_least, check_options, option
 from lm.layers.partitioning import constrain
-from lm.layers.positions import POSITION_KINDS
+from lm.layers.positions import POSITION_KINDS, ROPE_SCALINGS, RopeScaling
 
 NORM_POSITIONS = ("pre", "post")
+PARAMETRIZATIONS = ("standard", "mup")
 REMAT_POLICIES = {
     "none": None,
     "dots": jax.checkpoint_policies.dots_saveable,
@@ -99,6 +106,25 @@ class TransformerConfig:
                                   bounds=at_least(0))
     position: str = option("learned", "position scheme (lm/layers/positions.py)", choices=POSITION_KINDS)
     rope_base: float = option(10000.0, "RoPE frequency base", bounds=above(0))
+    # RoPE scaling for a context longer than the one trained on (RopeScaling in lm/layers/positions.py).
+    rope_scaling: str = option("none", "RoPE's frequencies stretched: linear (positions / factor), ntk (the base "
+                                       "times factor^(Dh/(Dh-2))), yarn or llama3 (per channel)",
+                               choices=ROPE_SCALINGS)
+    rope_scaling_factor: float = option(1.0, "how many times the original context the scaled RoPE covers",
+                                        bounds=at_least(1))
+    rope_original_context: int = option(0, "yarn, llama3: the context length the model was trained on "
+                                           "(transformers' original_max_position_embeddings)", bounds=at_least(0))
+    rope_yarn_beta_fast: float = option(32.0, "yarn: channels turning more than this often over the original "
+                                              "context keep their frequency", bounds=above(0))
+    rope_yarn_beta_slow: float = option(1.0, "yarn: channels turning less than this often are divided by the factor",
+                                        bounds=above(0))
+    rope_yarn_attention_factor: float = option(0.0, "yarn: cos and sin multiplied by this (0: 0.1 ln(factor) + 1)",
+                                               bounds=at_least(0))
+    rope_yarn_truncate: bool = option(True, "yarn: the ramp's ends rounded outwards to whole channels")
+    rope_llama3_low_freq_factor: float = option(1.0, "llama3: wavelengths over original context / this are divided "
+                                                     "by the factor", bounds=above(0))
+    rope_llama3_high_freq_factor: float = option(4.0, "llama3: wavelengths under original context / this keep "
+                                                      "their frequency", bounds=above(0))
     dropout: float = option(0.0, "dropout on embeddings and sub-layer outputs", bounds=SHARE_BELOW_ONE)
     attention_dropout: float = option(0.0, "dropout on attention weights", bounds=SHARE_BELOW_ONE)
     use_bias: bool = option(True, "biases in the attention and MLP projections")
@@ -120,6 +146,14 @@ class TransformerConfig:
                         choices=tuple(REMAT_POLICIES))
     moe: MoeConfig = option(MoeConfig(), "mixture-of-experts layers")
     lora: LoraConfig = option(LoraConfig(), "low-rank adapters on the projections (lm/layers/lora.py)")
+    # μP (Tensor Programs V): how initialisation, attention and the readout scale with the width (docs/scaling.md).
+    parametrization: str = option("standard", "standard, or mup: a learning rate tuned at mup_base_width holds at "
+                                              "every width (lm/layers/initializers.py, docs/scaling.md)",
+                                  choices=PARAMETRIZATIONS)
+    mup_base_width: int = option(0, "with parametrization=mup, the width (embed_dim) at which the model is the "
+                                    "standard one", bounds=at_least(0))
+    mup_base_head_dim: int = option(0, "with parametrization=mup, the head dimension at the base width (0: "
+                                       "mup_base_width / num_heads)", bounds=at_least(0))
 
     def __post_init__(self):
         check_options(self, "model.")
@@ -134,6 +168,7 @@ class TransformerConfig:
                             f"model.norm_epsilon={self.norm_epsilon} > 0")
         if self.position == "rope" and self.head_dim % 2:
             raise UserError(f"RoPE needs an even head dimension; embed_dim / num_heads = {self.head_dim}")
+        self._check_rope_scaling()
         if self.position == "sinusoidal" and self.embed_dim % 2:
             raise UserError(f"sinusoidal positions need an even model.embed_dim, got {self.embed_dim}")
         moe = self.moe
@@ -153,9 +188,76 @@ class TransformerConfig:
                 f"model.moe.every={moe.every} (the scanned group of blocks); change one, or scan_layers=False"
             )
         self.lora.check_matches(self.projections)
+        self._check_mup()
         if self.attention_impl == "cudnn" and self.attention_softcap:
             raise UserError(f"model.attention_impl=cudnn needs {SOFTCAP_NEED}, and model.attention_softcap="
                             f"{self.attention_softcap}: use attention_impl=auto or xla, or attention_softcap=0")
+
+    def _check_mup(self) -> None:
+        """UserError for a μP model without its base width, or with a switch μP does not cover."""
+        if self.parametrization != "mup":
+            return
+        if self.mup_base_width < 1:
+            raise UserError("model.parametrization=mup needs model.mup_base_width: the width (embed_dim) whose "
+                            "learning rate you tuned, e.g. --config.model.mup_base_width=128")
+        if not self.mup_base_head_dim and self.mup_base_width % self.num_heads:
+            raise UserError(f"model.mup_base_width={self.mup_base_width} is not divisible by model.num_heads="
+                            f"{self.num_heads}: set model.mup_base_head_dim")
+        if self.mlp_hidden_dim_override:
+            raise UserError(f"model.parametrization=mup scales the MLP with the width, and model.mlp_hidden_dim="
+                            f"{self.mlp_hidden_dim_override} fixes it: use mlp_hidden_dim=0 (mlp_ratio)")
+        if self.lora.rank:
+            raise UserError("model.parametrization=mup is for training from scratch, not with LoRA adapters "
+                            "(model.lora.rank): use parametrization=standard")
+
+    @property
+    def mup(self) -> bool:
+        return self.parametrization == "mup"
+
+    @property
+    def width_ratio(self) -> float:
+        """mup_base_width / embed_dim under μP (the readout's multiplier, and the hidden matrices' learning-rate
+        multiplier with Adam-like optimizers: lm.train.optim); 1 for the standard parametrization."""
+        return self.mup_base_width / self.embed_dim if self.mup else 1.0
+
+    @property
+    def attention_scale(self) -> float | None:
+        """What the scores q.k are multiplied by: None, the attention's default 1 / sqrt(Dh); under μP
+        sqrt(Dh0) / Dh (Dh0: the base head dimension), 1 / Dh kept at the base's 1 / sqrt(Dh0)."""
+        if not self.mup:
+            return None
+        return (self.mup_base_head_dim or self.mup_base_width // self.num_heads) ** 0.5 / self.head_dim
+
+    def _check_rope_scaling(self) -> None:
+        """UserError for a RoPE scaling without RoPE, or without the parameters its kind needs."""
+        kind = self.rope_scaling
+        if kind == "none":
+            if self.rope_scaling_factor != 1:
+                raise UserError(f"model.rope_scaling_factor={self.rope_scaling_factor} needs a model.rope_scaling "
+                                f"(linear, ntk, yarn, llama3); with rope_scaling=none leave it at 1")
+            return
+        if self.position != "rope":
+            raise UserError(f"model.rope_scaling={kind} scales RoPE, and model.position={self.position}: use "
+                            "position=rope, or rope_scaling=none")
+        if kind in ("yarn", "llama3") and not self.rope_original_context:
+            raise UserError(f"model.rope_scaling={kind} needs model.rope_original_context, the context length the "
+                            "model was trained on (e.g. --config.model.rope_original_context=1024)")
+        if kind == "ntk" and self.head_dim <= 2:
+            raise UserError(f"model.rope_scaling=ntk changes the base by factor^(Dh/(Dh-2)), and the head dimension "
+                            f"is {self.head_dim}: use heads of 4 channels or more")
+        if kind == "yarn" and self.rope_yarn_beta_fast < self.rope_yarn_beta_slow:
+            raise UserError(f"model.rope_yarn_beta_fast={self.rope_yarn_beta_fast} is below model.rope_yarn_beta_slow="
+                            f"{self.rope_yarn_beta_slow}: the fast channels' bound is the larger number of turns")
+        if kind == "llama3" and self.rope_llama3_high_freq_factor <= self.rope_llama3_low_freq_factor:
+            raise UserError(f"model.rope_llama3_high_freq_factor={self.rope_llama3_high_freq_factor} must exceed "
+                            f"model.rope_llama3_low_freq_factor={self.rope_llama3_low_freq_factor}")
+
+    @property
+    def rope(self) -> RopeScaling:
+        """The model.rope_* options as the attention takes them."""
+        return RopeScaling(self.rope_scaling, self.rope_scaling_factor, self.rope_original_context,
+                           self.rope_yarn_beta_fast, self.rope_yarn_beta_slow, self.rope_yarn_attention_factor,
+                           self.rope_yarn_truncate, self.rope_llama3_low_freq_factor, self.rope_llama3_high_freq_factor)
 
     @property
     def layer_period(self) -> int:
@@ -183,7 +285,7 @@ class TransformerConfig:
 
     @property
     def inits(self):
-        return initializers(self.init, self.embed_dim, self.num_layers)
+        return initializers(self.init, self.embed_dim, self.num_layers, self.mup_base_width if self.mup else 0)
 
 
 class TransformerBlock(nn.Module):
@@ -221,6 +323,7 @@ class TransformerBlock(nn.Module):
                 causal=causal,
                 position=position,
                 rope_base=cfg.rope_base,
+                rope_scaling=cfg.rope,
                 dropout=cfg.attention_dropout,
                 use_bias=cfg.use_bias,
                 dtype=cfg.dtype,
@@ -231,6 +334,7 @@ class TransformerBlock(nn.Module):
                 qk_norm=cfg.qk_norm,
                 norm_epsilon=cfg.norm_epsilon,
                 softcap=cfg.attention_softcap,
+                scale=cfg.attention_scale,
                 name=name,
             )
 
@@ -286,6 +390,13 @@ class TransformerBlock(nn.Module):
                 else:
                     x = norm(name)(x + dropout(sublayer(x)))
         return constrain(x, ("batch", "length", "embed"))
+
+
+def standard_only(config: TransformerConfig, family: str) -> None:
+    """UserError where a model family whose heads μP does not cover (family: its name) asks for it."""
+    if config.mup:
+        raise UserError(f"model.parametrization=mup covers GPT and the Transformer encoder-decoder, not {family} "
+                        "(its heads are not scaled as μP's readout): use parametrization=standard")
 
 
 def checkpointed(block: type[nn.Module], remat: str, in_scan: bool) -> type[nn.Module]:

@@ -31,7 +31,7 @@ from lm.layers.norms import Norm
 from lm.layers.options import at_least, declare, option
 from lm.layers.partitioning import constrain, param_init
 from lm.layers.positions import PositionEmbedding
-from lm.layers.transformer import TransformerConfig, TransformerStack
+from lm.layers.transformer import TransformerConfig, TransformerStack, standard_only
 from lm.models.config import transformer_config, transformer_options
 
 # Published sizes: (num_layers, embed_dim, num_heads); mlp hidden 4 D.
@@ -51,6 +51,9 @@ class BertConfig:
     max_positions: int = 512  # rows of the learned position table: the longest sequence
     type_vocab_size: int = 2  # segments (sentence A, sentence B)
     vocab_multiple: int = 64  # token table rows padded to a multiple, so 'vocab' can be sharded
+
+    def __post_init__(self):
+        standard_only(self.transformer, "BERT")
 
     @property
     def padded_vocab_size(self) -> int:

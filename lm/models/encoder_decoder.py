@@ -73,7 +73,7 @@ class Decoder(nn.Module):
         )
         padded_vocab_size = cfg.padded(cfg.target_vocab_size)
         return LMHead(cfg.target_vocab_size, padded_vocab_size, table, softcap=cfg.transformer.logit_softcap,
-                      name="head")(x)  # tied output layer
+                      multiplier=cfg.transformer.width_ratio, name="head")(x)  # tied output layer
 
 
 class EncoderDecoder(nn.Module):

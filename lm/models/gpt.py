@@ -97,7 +97,7 @@ class GPT(nn.Module):
         )
 
         head = LMHead(cfg.vocab_size, cfg.padded_vocab_size, token_embed if cfg.tie_embeddings else None,
-                      blocks.dtype, blocks.inits.dense, blocks.logit_softcap, name="head")
+                      blocks.dtype, blocks.inits.readout, blocks.logit_softcap, blocks.width_ratio, name="head")
         nn.share_scope(self, head)  # an untied kernel stays GPT's 'lm_head', as in older checkpoints
 
         if logit_positions is not None:

@@ -25,7 +25,7 @@ from lm.errors import UserError
 from lm.layers import Linear, constrain, param_init
 from lm.layers.heads import PooledClassifier
 from lm.layers.positions import ATTENTION_KINDS, sincos_2d_table, sinusoidal_table
-from lm.layers.transformer import TransformerConfig, TransformerStack
+from lm.layers.transformer import TransformerConfig, TransformerStack, standard_only
 
 HEAD_POOLS = {"cls": "cls", "gap": "mean"}  # model.pool -> the pooling of lm/layers/heads.py
 POOLS = tuple(HEAD_POOLS)
@@ -43,6 +43,7 @@ class ViTConfig:
     position: str = "sincos2d"  # see VIT_POSITIONS
 
     def __post_init__(self):
+        standard_only(self.transformer, "ViT")
         if self.pool not in POOLS:
             raise UserError(f"model.pool={self.pool!r}: use one of {POOLS}")
         if self.position not in VIT_POSITIONS:

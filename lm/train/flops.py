@@ -1,4 +1,5 @@
-"""Peak FLOP/s per device, for model FLOPs utilisation (MFU).
+"""Peak FLOP/s per device, for model FLOPs utilisation (MFU); and the facts of a run that a scaling law is
+fitted to (scale_facts: parameters without the embeddings, FLOPs per token, tokens seen).
 
 MFU is reported only against a real peak: an accelerator's data sheet (KNOWN_PEAKS) or the user's
 train.peak_flops. A CPU's peak depends on its cores, vector units and clock, which nothing here knows,
@@ -6,6 +7,7 @@ so its runs log no MFU (a 1024 x 1024 matmul's measured rate is no peak: models 
 """
 
 import functools
+import math
 import time
 
 import jax
@@ -49,3 +51,24 @@ def peak_flops_per_device(device: jax.Device | None = None) -> float | None:
         if device.device_kind.startswith(kind):
             return peak
     return None
+
+
+# Modules holding vocabulary or position tables: what Kaplan et al. (2020) leave out of a model's size N.
+EMBEDDING_MODULES = ("token_embed", "position_embed", "segment_embed", "lm_head")
+
+
+def non_embedding_params(params) -> int:
+    """Parameters outside the token, segment and position tables and an untied output layer (the leaves under
+    a module or param named in EMBEDDING_MODULES) of a param tree (arrays or ShapeDtypeStructs)."""
+    return sum(math.prod(leaf.shape) for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]
+               if not any(getattr(key, "key", None) in EMBEDDING_MODULES for key in path))
+
+
+def scale_facts(step: int, units_per_step: int, flops_per_step: float, unit: str) -> dict[str, float]:
+    """What a run's summary.json records for scaling fits after `step` steps: the training units it has seen
+    ('tokens_seen': step x batch x context for a language model), the training FLOPs per unit ('flops_per_token';
+    forward and backward) and in all ('train_flops')."""
+    one = unit.removesuffix("s")
+    return {f"{unit}_seen": step * units_per_step,
+            f"flops_per_{one}": flops_per_step / units_per_step,
+            "train_flops": step * flops_per_step}

@@ -36,7 +36,7 @@ from lm.train import init_from
 from lm.train.checkpoint import Checkpointer, IncompatibleCheckpoint, error_number, os_error_in, write_failed
 from lm.train.compiled import CompiledPerShape, compile_in_parallel
 from lm.train.evaluate import Evaluations
-from lm.train.flops import peak_flops_per_device
+from lm.train.flops import non_embedding_params, peak_flops_per_device, scale_facts
 from lm.train.lock import workdir_lock
 from lm.train.metrics import MetricWriter, device_memory, drop_logs, mean_metrics, memory_text, truncate_log
 from lm.train.optim import decay_start, resolve_schedule, trainable_line, wsd_resume_limit
@@ -424,7 +424,8 @@ class Trainer:
             self.checkpointer.save(0, state)  # a run of no steps: its initial parameters (init_from's) are saved
 
         summary = {"step": step, **last_eval, "num_params": num_params, "active_params": active_params,
-                   "skipped_steps": skipped}
+                   "non_embedding_params": non_embedding_params(state.params),
+                   **scale_facts(step, units_per_step, flops_per_step, experiment.unit), "skipped_steps": skipped}
         if self.train_step.compiled:  # this segment trained (a rerun of a finished run does not)
             summary["compile_seconds"] = self.train_step.seconds + self.evaluations.eval_step.seconds
             summary["train_seconds"] = time.perf_counter() - loop_start  # compiles, evals, checkpoints included

@@ -3,7 +3,8 @@ clipping; the schedule's lengths resolved from the run. Weight decay is decouple
 rate, as AdamW's) and falls on matrices and embeddings only (decay_mask), whatever the optimizer. Muon
 orthogonalises the updates of the blocks' matrices and leaves the rest (embeddings, head, norms, biases) to
 AdamW, each group at its own learning rate. Where the parameters hold LoRA adapters, only they train: the rest
-is frozen (trainable)."""
+is frozen (trainable). Under μP (model.parametrization=mup) the hidden matrices' updates of the Adam-like
+optimizers are scaled by mup_base_width / embed_dim (mup_width_ratio)."""
 
 import math
 import re
@@ -18,8 +19,8 @@ from optax.contrib import MuonDimensionNumbers, scale_by_muon
 from lm.errors import UserError
 from lm.layers.lora import has_adapters, is_adapter
 from lm.layers.moe import EXPERTS_NAME
-from lm.layers.options import check_declared, declared_copy
-from lm.layers.transformer import SCANNED_NAME
+from lm.layers.options import check_declared, declared_copy, from_section
+from lm.layers.transformer import SCANNED_NAME, TransformerConfig, is_block_name
 from lm.train.options import DERIVED, OPTIMIZERS, SCHEDULES, derived_eval_every
 
 
@@ -128,9 +129,9 @@ def learning_rate_schedule(cfg, peak: float | None = None, end: float | None = N
     name = cfg.get("schedule", "cosine")  # (runs saved before optimizer.schedule have none: cosine)
     if name == "cosine":
         return optax.warmup_cosine_decay_schedule(0.0, peak, warmup, decay_steps, end)
-    if name == "constant":
-        return optax.warmup_constant_schedule(0.0, peak, warmup)
     warming = optax.linear_schedule(0.0, peak, warmup)
+    if name == "constant":  # (optax.warmup_constant_schedule stays at 0 without a warmup)
+        return optax.join_schedules([warming, optax.constant_schedule(peak)], [warmup])
     if name == "linear":
         return optax.join_schedules([warming, decay("linear", peak, end, decay_steps - warmup)], [warmup])
     if name != "wsd":
@@ -332,7 +333,53 @@ def boxes_fitted(inner: optax.GradientTransformation) -> optax.GradientTransform
     return optax.GradientTransformation(init, inner.update)
 
 
-def make_optimizer(cfg) -> optax.GradientTransformation:
+# μP's Adam column (Tensor Programs V, Table 3) holds for optimizers whose updates are normalised per entry.
+MUP_OPTIMIZERS = ("adamw", "lion", "adafactor", "muon")
+
+
+def mup_width_ratio(cfg, model) -> float | None:
+    """mup_base_width / embed_dim where the model section (None: not a Transformer's) asks for μP, else None.
+    An optimizer μP does not cover here is a UserError: SGD's column of Table 3 (embedding and bias learning
+    rates growing with fan_out) is not implemented."""
+    if model is None or model.get("parametrization", "standard") != "mup":
+        return None
+    name = cfg.get("name", "adamw")
+    if name not in MUP_OPTIMIZERS:
+        raise UserError(f"model.parametrization=mup has no rule for optimizer.name={name!r} here: use one of "
+                        f"{MUP_OPTIMIZERS}, or parametrization=standard")
+    return from_section(TransformerConfig, model).width_ratio  # (checked: a base width is set)
+
+
+def is_hidden_matrix(names: tuple[str, ...], ndim: int) -> bool:
+    """Whether the parameter at names is one of μP's hidden matrices: a kernel of a Transformer block (under
+    block_<i> or the scanned stack), whose fan-in and fan-out grow with the width (a mixture-of-experts
+    router's fan-out does not: its learning rate is that of an output layer under Adam, 1/fan_in all the same)."""
+    return is_matrix(names, ndim) and any(name == SCANNED_NAME or is_block_name(name) for name in names)
+
+
+def hidden_matrices_scaled(ratio: float, muon_params: str | None) -> optax.GradientTransformation:
+    """Multiplies the updates of the hidden matrices (is_hidden_matrix) by ratio: μP's learning rate
+    base_width / width of Adam-like optimizers. muon_params: Muon's pattern, whose matrices are left alone (their
+    orthogonalised updates, scaled by sqrt(fan_out / fan_in), already keep their effect width-independent)."""
+
+    def scale(updates, params=None):
+        muon = muon_labels(muon_params)(updates) if muon_params is not None else \
+            jax.tree.map(lambda _: "adamw", updates)
+
+        def scaled(path, update, label):
+            hidden = label == "adamw" and is_hidden_matrix(path_names(path), update.ndim)
+            return update * ratio if hidden else update
+
+        return jax.tree_util.tree_map_with_path(scaled, updates, muon)
+
+    return optax.stateless(scale)
+
+
+def make_optimizer(cfg, model=None) -> optax.GradientTransformation:
     """optimizer.name's update rule after global-norm clipping, on the trainable leaves (with LoRA adapters,
-    those alone)."""
-    return trainable_only(boxes_fitted(optax.chain(optax.clip_by_global_norm(cfg.grad_clip_norm), update_rule(cfg))))
+    those alone). model: the config's model section; under μP (mup_width_ratio) the hidden matrices' updates are
+    then scaled to their width (hidden_matrices_scaled): learning_rate is that of every other parameter."""
+    rule = [optax.clip_by_global_norm(cfg.grad_clip_norm), update_rule(cfg)]
+    if (ratio := mup_width_ratio(cfg, model)) is not None:
+        rule.append(hidden_matrices_scaled(ratio, cfg.muon_params if cfg.get("name") == "muon" else None))
+    return trainable_only(boxes_fitted(optax.chain(*rule)))

@@ -198,7 +198,7 @@ def restore_params(config: ml_collections.ConfigDict, experiment: Experiment, wo
     training (default: on the first device)."""
     mesh = mesh or sharding.make_mesh({axis: 1 for axis in sharding.MESH_AXES}, jax.devices()[:1])
     rules = sharding.logical_rules(config.sharding_rules)
-    init_boxed = state_builder(experiment, make_optimizer(resolve_schedule(config).optimizer))
+    init_boxed = state_builder(experiment, make_optimizer(resolve_schedule(config).optimizer, config.get("model")))
     state_shapes, _ = abstract_state(init_boxed, jax.random.key(config.seed), mesh, rules)
     directory = checkpoint_directory(config, workdir)
     checkpointer = Checkpointer(directory, config.train.keep_checkpoints)
@@ -234,5 +234,5 @@ def build(config: ml_collections.ConfigDict, make_experiment: MakeExperiment,
     rules = sharding.logical_rules(config.sharding_rules)
     experiment = make_experiment(config, workdir)
     config = experiment.config  # with what it derived from its data (lm/train/experiment.py)
-    optimizer = make_optimizer(config.optimizer)
+    optimizer = make_optimizer(config.optimizer, config.get("model"))
     return Setup(config, mesh, rules, experiment, optimizer, state_builder(experiment, optimizer))
