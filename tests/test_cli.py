@@ -260,7 +260,8 @@ def test_lm_help_lists_every_command_and_an_unknown_one_is_one_line():
     unknown = run("trian", CONFIG)
     assert unknown.returncode == 2
     assert unknown.stderr.splitlines() == ["error: unknown command 'trian': use one of train, sample, eval, export, "
-                                           "prepare, sweep, compare, scaling, translate (lm --help says what each does)"]
+                                           "prepare, sweep, compare, scaling, translate (lm --help says what each "
+                                           "does)"]
 
 
 @pytest.mark.parametrize("args", [("eval", "--help"), ("--help",)], ids=["eval --help", "--help"])

@@ -13,8 +13,8 @@ A model-size axis: --sweep=size=WIDTHxDEPTH,... (e.g. size=64x2,128x4,256x4) or 
 gpt2, gpt2-medium, pythia-70m, ...; their shapes, not their vocabularies). Each sets model.embed_dim and
 model.num_layers; WIDTHxDEPTH keeps the config's head dimension (model.embed_dim / model.num_heads) and
 derives model.num_heads, a named size sets its own; model.num_kv_heads keeps the config's ratio of query to
-key/value heads, and an explicit model.mlp_hidden_dim scales with the width. Fit the sizes' losses with
-lm scaling.
+key/value heads, an explicit model.mlp_hidden_dim scales with the width, and under μP WIDTHxDEPTH sets
+model.mup_base_head_dim to the head dimension (unless the config sets it). Fit the sizes' losses with lm scaling.
 
 Every arm's overrides are checked against the config before any arm starts. Rerunning the same command
 skips finished arms (results.json at train.num_steps) and resumes interrupted ones from their latest
@@ -89,7 +89,8 @@ def size_overrides(value: str, model) -> dict[str, str]:
     """The model overrides of one value of the size axis (WIDTHxDEPTH or a name of NAMED_SIZES) on a config whose
     model section is model: embed_dim and num_layers; num_heads from the named size, else at model's head
     dimension; num_kv_heads at model's ratio of query to key/value heads; an explicit mlp_hidden_dim scaled by
-    the width. A value that gives no valid model is a UserError."""
+    the width; under μP, WIDTHxDEPTH sets mup_base_head_dim to the head dimension (unless model sets it), as the
+    widths grow the head count. A value that gives no valid model is a UserError."""
     if not all(key in model for key in ("embed_dim", "num_layers", "num_heads", "num_kv_heads")):
         raise UserError(f"--sweep={SIZE_AXIS}=...: the config's model has no embed_dim, num_layers, num_heads and "
                         "num_kv_heads to size")
@@ -113,6 +114,8 @@ def size_overrides(value: str, model) -> dict[str, str]:
              "model.num_kv_heads": heads // group}
     if model.get("mlp_hidden_dim"):
         sized["model.mlp_hidden_dim"] = round(model.mlp_hidden_dim * width / model.embed_dim)
+    if model.get("parametrization") == "mup" and not model.get("mup_base_head_dim") and value not in NAMED_SIZES:
+        sized["model.mup_base_head_dim"] = model.embed_dim // model.num_heads  # the widths grow the head count
     return {key: str(v) for key, v in sized.items()}
 
 
