@@ -67,6 +67,7 @@ def test_the_generated_defaults_are_the_ones_configs_always_had():
                 "router_z_weight": 0.001},
         "lora": {"rank": 0, "alpha": 16.0, "dropout": 0.0,
                  "targets": ("query", "key", "value", "out", "gate", "up", "down")},
+        "parametrization": "standard", "mup_base_width": 0, "mup_base_head_dim": 0,
     }
 
 

@@ -113,6 +113,7 @@ SWITCHES_OFF: Fields = {
     "model.attention_softcap": (0.0, ""),
     "model.logit_softcap": (0.0, ""),
     "model.parallel_block": (False, ""),
+    "model.parametrization": ("standard", ""),  # μP's attention scale and readout multiplier: no config.json field
 }
 
 

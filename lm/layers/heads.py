@@ -86,7 +86,8 @@ class PooledClassifier(nn.Module):
 
     pooled = pool(hidden, pool, mask); with pooler (BERT), pooled = tanh(W_p pooled + b_p) ('pooler',
     D -> D); logits = W pooled + b ('head'). kernel_init: of both (zeros for a ViT's head, as big_vision).
-    softcap > 0: the logits capped to softcap * tanh(z / softcap).
+    multiplier: the logits times it (μP's readout multiplier; 1: none), before the softcap. softcap > 0: the
+    logits capped to softcap * tanh(z / softcap).
     """
 
     num_classes: int
@@ -95,6 +96,7 @@ class PooledClassifier(nn.Module):
     dtype: Any = jnp.float32
     kernel_init: Callable = nn.initializers.normal(0.02)
     softcap: float = 0.0
+    multiplier: float = 1.0
 
     @nn.compact
     def __call__(self, hidden: jax.Array, mask: jax.Array | None = None) -> jax.Array:
@@ -102,8 +104,11 @@ class PooledClassifier(nn.Module):
         pooled = pool(hidden, self.pool, mask)  # (B, D)
         if self.pooler:
             pooled = jnp.tanh(head_dense(embed_dim, embed_dim, self.dtype, self.kernel_init, "pooler")(pooled))
-        logits = head_dense(embed_dim, self.num_classes, self.dtype, self.kernel_init, "head")(pooled)
-        return capped(logits.astype(jnp.float32), self.softcap)  # (B, K)
+        logits = head_dense(embed_dim, self.num_classes, self.dtype, self.kernel_init, "head")(pooled).astype(
+            jnp.float32)
+        if self.multiplier != 1:
+            logits = logits * self.multiplier
+        return capped(logits, self.softcap)  # (B, K)
 
 
 class TokenTagger(nn.Module):

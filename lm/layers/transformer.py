@@ -395,8 +395,8 @@ class TransformerBlock(nn.Module):
 def standard_only(config: TransformerConfig, family: str) -> None:
     """UserError where a model family whose heads μP does not cover (family: its name) asks for it."""
     if config.mup:
-        raise UserError(f"model.parametrization=mup covers GPT and the Transformer encoder-decoder, not {family} "
-                        "(its heads are not scaled as μP's readout): use parametrization=standard")
+        raise UserError(f"model.parametrization=mup covers GPT, ViT and the Transformer encoder-decoder, not {family} "
+                        "(its heads hold matrices outside the blocks): use parametrization=standard")
 
 
 def checkpointed(block: type[nn.Module], remat: str, in_scan: bool) -> type[nn.Module]:

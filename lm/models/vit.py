@@ -25,7 +25,7 @@ from lm.errors import UserError
 from lm.layers import Linear, constrain, param_init
 from lm.layers.heads import PooledClassifier
 from lm.layers.positions import ATTENTION_KINDS, sincos_2d_table, sinusoidal_table
-from lm.layers.transformer import TransformerConfig, TransformerStack, standard_only
+from lm.layers.transformer import TransformerConfig, TransformerStack
 
 HEAD_POOLS = {"cls": "cls", "gap": "mean"}  # model.pool -> the pooling of lm/layers/heads.py
 POOLS = tuple(HEAD_POOLS)
@@ -43,7 +43,6 @@ class ViTConfig:
     position: str = "sincos2d"  # see VIT_POSITIONS
 
     def __post_init__(self):
-        standard_only(self.transformer, "ViT")
         if self.pool not in POOLS:
             raise UserError(f"model.pool={self.pool!r}: use one of {POOLS}")
         if self.position not in VIT_POSITIONS:
@@ -133,7 +132,7 @@ class ViT(nn.Module):
         )  # (B, T, D)
         classifier = PooledClassifier(cfg.num_classes, HEAD_POOLS[cfg.pool], dtype=blocks.dtype,
                                       kernel_init=nn.initializers.zeros, softcap=blocks.logit_softcap,
-                                      name="classifier")  # zero init, as big_vision
+                                      multiplier=blocks.width_ratio, name="classifier")  # zero init, as big_vision
         nn.share_scope(self, classifier)  # its dense stays the ViT's 'head', as in older checkpoints
         return classifier(x)  # (B, num_classes)
 

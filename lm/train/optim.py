@@ -256,12 +256,15 @@ def muon_learning_rate_schedule(cfg) -> optax.Schedule:
     return learning_rate_schedule(cfg, cfg.muon_learning_rate, cfg.min_learning_rate * scale)
 
 
-def logged_learning_rates(cfg) -> dict[str, optax.Schedule]:
-    """The learning rates a train step logs, by metric name: learning_rate, and Muon's own
-    (muon_learning_rate) where Muon updates the matrices."""
+def logged_learning_rates(cfg, model=None) -> dict[str, optax.Schedule]:
+    """The learning rates a train step logs, by metric name: learning_rate, Muon's own (muon_learning_rate)
+    where Muon updates the matrices, and under μP (model: the config's model section) the hidden matrices'
+    (hidden_learning_rate: learning_rate * mup_base_width / embed_dim) where an Adam-like optimizer trains them."""
     rates = {"learning_rate": learning_rate_schedule(cfg)}
     if cfg.get("name", "adamw") == "muon":  # (runs saved before optimizer.name have none: AdamW)
         rates["muon_learning_rate"] = muon_learning_rate_schedule(cfg)
+    elif (ratio := mup_width_ratio(cfg, model)) is not None:
+        rates["hidden_learning_rate"] = lambda step: ratio * rates["learning_rate"](step)
     return rates
 
 

@@ -28,13 +28,13 @@ def derived_eval_every(num_steps: int) -> int:
     return int(max(readable))
 
 
-
 def eval_every_option(what: str):
     """The declared eval.every of an experiment family: steps between its evaluations (`what`), derived from
     train.num_steps unless set (resolve_schedule)."""
     return option(DERIVED, f"steps between {what}; {DERIVED}: about an eighth of train.num_steps (8 to 16 "
                            "evaluations a run: lm/train/options.py derived_eval_every); 0: none while training",
                   bounds=at_least(0, DERIVED))
+
 
 def run_options(experiment: str, **overrides) -> ml_collections.ConfigDict:
     """The top of every config: the experiment module (experiments/<name>.py), the seed, and where

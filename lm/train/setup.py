@@ -166,9 +166,10 @@ def jit_train_step(config: ml_collections.ConfigDict, experiment: Experiment, op
     """The jitted (state, (global batch, ...)) -> (state, metrics) program the trainer runs: one train
     step per batch of the tuple (train.steps_per_dispatch of them, fewer before a log, eval or
     checkpoint step), the metrics stacked (n,), the state donated."""
+    learning_rates = logged_learning_rates(config.optimizer, config.get("model"))
     return jax.jit(
-        make_multi_step(make_train_step(experiment.loss, optimizer, logged_learning_rates(config.optimizer),
-                                        config.train.grad_accum_steps, config.seed)),
+        make_multi_step(make_train_step(experiment.loss, optimizer, learning_rates, config.train.grad_accum_steps,
+                                        config.seed)),
         in_shardings=(state_shardings, sharding.batch_sharding(mesh)),
         out_shardings=(state_shardings, None),
         donate_argnums=0,
