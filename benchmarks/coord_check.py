@@ -142,33 +142,38 @@ def plot(path: pathlib.Path, widths: list[int], result: dict) -> None:
     plt.close(figure)
 
 
-_WIDTHS = flags.DEFINE_list("widths", ["64", "128", "256", "512", "1024"], "model widths (embed_dim); the first is "
-                                                                           "μP's base width")
-_STEPS = flags.DEFINE_integer("steps", 5, "Adam steps; the activations are recorded after each")
-_LR = flags.DEFINE_float("learning_rate", LEARNING_RATE, "Adam's constant learning rate (μP: at the base width)")
-_OUT = flags.DEFINE_string("out", "benchmarks/results", "folder for coord_check.png and coord_check.json")
+def define_flags() -> None:
+    """The script's flags, defined when it runs (not on import: the tests import coord_check beside lm's commands,
+    whose --out they would clash with)."""
+    flags.DEFINE_list("widths", ["64", "128", "256", "512", "1024"], "model widths (embed_dim); the first is μP's "
+                                                                      "base width")
+    flags.DEFINE_integer("steps", 5, "Adam steps; the activations are recorded after each")
+    flags.DEFINE_float("learning_rate", LEARNING_RATE, "Adam's constant learning rate (μP: at the base width)")
+    flags.DEFINE_string("out", "benchmarks/results", "folder for coord_check.png and coord_check.json")
 
 
 def main(argv):
     del argv
-    widths = [int(width) for width in _WIDTHS.value]
+    values = flags.FLAGS
+    widths = [int(width) for width in values.widths]
     start = time.perf_counter()
-    result = coord_check(widths, _STEPS.value, _LR.value)
+    result = coord_check(widths, values.steps, values.learning_rate)
     wall = time.perf_counter() - start
-    out = pathlib.Path(_OUT.value)
+    out = pathlib.Path(values.out)
     out.mkdir(parents=True, exist_ok=True)
     plot(out / "coord_check.png", widths, result)
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
                jax.devices()[0].device_kind) if pathlib.Path("/proc/cpuinfo").exists() else jax.devices()[0].device_kind
-    summary = {"widths": widths, "steps": _STEPS.value, "learning_rate": _LR.value, "wall_s": round(wall, 1),
+    summary = {"widths": widths, "steps": values.steps, "learning_rate": values.learning_rate, "wall_s": round(wall, 1),
                "device": f"{jax.default_backend()}: {cpu}", **result}
     (out / "coord_check.json").write_text(json.dumps(summary, indent=1) + "\n")
     for parametrization in ("standard", "mup"):
-        print(f"{parametrization}: slope of log RMS against log width, steps 1..{_STEPS.value}")
+        print(f"{parametrization}: slope of log RMS against log width, steps 1..{values.steps}")
         for layer, per_step in result[parametrization]["slopes"].items():
             print(f"  {layer:18s} " + " ".join(f"{slope:+.2f}" for slope in per_step))
     print(f"wall time {wall:.0f} s; wrote {out / 'coord_check.png'} and {out / 'coord_check.json'}")
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

@@ -25,6 +25,16 @@ It prints each arm's start and end (`start arm 3 of 6: seed=2`) and, while arms 
 one of them logged, a progress line: each running arm's latest step and loss (from its metrics.jsonl)
 and the time left for the whole sweep. Its last line says how the arms ended, which one has the lowest final
 eval loss and how to compare them.
+
+On a SLURM cluster, --launcher=slurm submits the arms that have not finished as one job array (through submitit,
+pip install -e ".[slurm]") and returns: each arm is an element with the --slurm_* resources (one process on one
+node), running the same lm train command in its folder. An element saves a checkpoint and is requeued at its
+time limit or when preempted, and resumes. sweep.json records each arm's job id. The same command with --status
+prints each arm's job state (sacct) and progress (its folder), for either launcher; rerunning the command
+resubmits the arms whose jobs ended before they finished (not those still pending or running).
+
+  lm sweep --config=configs/gpt_shakespeare.py:small --sweep=seed=0,1,2 --workdir=/shared/runs/seeds \
+      --launcher=slurm --slurm_partition=gpu --slurm_time=240 --slurm_gpus_per_node=1 [--status]
 """
 
 import collections
@@ -35,6 +45,7 @@ import itertools
 import json
 import pathlib
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -59,6 +70,23 @@ _SWEEP = flags.DEFINE_multi_string("sweep", [], "An axis: key=value1,value2,... 
 _SWEEP_FILE = flags.DEFINE_string("sweep_file", None, "A Python file with CONFIG, AXES and OVERRIDES.")
 _WORKDIR = define_workdir("The sweep folder; each arm trains in a subfolder.")
 _PARALLEL = flags.DEFINE_integer("parallel", 1, "How many arms train at a time.")
+_LAUNCHER = flags.DEFINE_enum("launcher", "local", ["local", "slurm"],
+                              "local: each arm an lm train process on this machine, --parallel at a time; slurm: "
+                              "the arms submitted as one SLURM job array (submitit), then lm sweep returns.")
+_STATUS = flags.DEFINE_boolean("status", False, "Launch nothing: print each arm's job state and progress.")
+_SLURM_PARTITION = flags.DEFINE_string("slurm_partition", None, "SLURM partition of the arms' jobs.")
+_SLURM_TIME = flags.DEFINE_integer("slurm_time", 240, "Each arm's time limit in minutes; at it the arm saves a "
+                                   "checkpoint and is requeued.")
+_SLURM_GPUS = flags.DEFINE_integer("slurm_gpus_per_node", 1, "GPUs of each arm (one process on one node).")
+_SLURM_CPUS = flags.DEFINE_integer("slurm_cpus_per_task", None, "CPU cores of each arm (default: SLURM's).")
+_SLURM_MEM = flags.DEFINE_float("slurm_mem_gb", None, "Memory of each arm in GB (default: SLURM's).")
+_SLURM_ACCOUNT = flags.DEFINE_string("slurm_account", None, "SLURM account the jobs are charged to.")
+_SLURM_QOS = flags.DEFINE_string("slurm_qos", None, "SLURM quality of service of the jobs.")
+_SLURM_ARRAY_PARALLELISM = flags.DEFINE_integer("slurm_array_parallelism", None,
+                                                "How many arms run at a time (default: all).")
+_SLURM_FOLDER = flags.DEFINE_string("slurm_folder", None, "submitit's job files and logs (default <workdir>/slurm).")
+SLURM_FLAGS = ("slurm_partition", "slurm_time", "slurm_gpus_per_node", "slurm_cpus_per_task", "slurm_mem_gb",
+               "slurm_account", "slurm_qos", "slurm_array_parallelism", "slurm_folder")
 
 
 @dataclasses.dataclass
@@ -71,6 +99,7 @@ class Arm:
     started: float | None = None  # time.monotonic() when it started running
     seconds: float | None = None  # how long it ran, once it stopped
     train_flags: dict[str, str] = dataclasses.field(default_factory=dict)  # its lm train overrides (train_overrides)
+    job: str | None = None  # its SLURM job id (--launcher=slurm)
 
 
 def expand_grid(axes: dict[str, list[str]]) -> list[dict[str, str]]:
@@ -184,12 +213,17 @@ def is_finished(arm: Arm) -> bool:
         return False
 
 
+def train_command(spec: str, overrides: dict[str, str], workdir: pathlib.Path) -> list[str]:
+    """The `lm train` command line of an arm: it trains the arm, or resumes it from its folder."""
+    return [sys.executable, "-m", "lm", "train", f"--config={spec}", f"--workdir={workdir}",
+            *(f"--config.{k}={v}" for k, v in overrides.items())]
+
+
 def run_arm(spec: str, overrides: dict[str, str], workdir: pathlib.Path) -> int:
     """Trains (or resumes) one arm in a `lm train` subprocess, output appended to
     workdir/train.log; returns its exit code."""
     workdir.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "lm", "train", f"--config={spec}", f"--workdir={workdir}",
-               *(f"--config.{k}={v}" for k, v in overrides.items())]
+    command = train_command(spec, overrides, workdir)
     with (workdir / LOG_FILE).open("a") as log:
         log.write(f"$ {' '.join(command)}\n")
         log.flush()
@@ -272,7 +306,8 @@ def write_record(workdir: pathlib.Path, spec: str, axes: dict, overrides: dict, 
         "axes": {k: [parse_value(v) for v in values] for k, values in axes.items()},
         "overrides": {k: parse_value(v) for k, v in overrides.items()},
         "arms": [{"name": a.name, "overrides": {k: parse_value(v) for k, v in a.overrides.items()},
-                  "workdir": str(a.workdir), "status": a.status} for a in arms],
+                  "workdir": str(a.workdir), "status": a.status, **({"job": a.job} if a.job else {})}
+                 for a in arms],
     }
     (workdir / SWEEP_FILE).write_text(json.dumps(record, indent=2) + "\n")
 
@@ -354,6 +389,98 @@ def final_eval_loss(workdir: pathlib.Path) -> float | None:
         return None
 
 
+def slurm_launcher():
+    """lm.launch, which needs submitit: its absence is a UserError saying how to install it."""
+    try:
+        from lm import launch
+    except ModuleNotFoundError as e:
+        if e.name != "submitit":
+            raise
+        raise UserError('--launcher=slurm needs submitit: pip install -e ".[slurm]"') from e
+    return launch
+
+
+def recorded_jobs(workdir: pathlib.Path) -> dict[str, str]:
+    """{arm name: job id} of the arms an earlier --launcher=slurm run of the sweep recorded in sweep.json."""
+    try:
+        arms = json.loads((workdir / SWEEP_FILE).read_text())["arms"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    return {arm["name"]: arm["job"] for arm in arms if arm.get("job")}
+
+
+def submit_sweep(spec: str, axes: dict[str, list[str]], overrides: dict[str, str], workdir: str | pathlib.Path,
+                 folder: str | None = None, cluster: str = "slurm", **resources) -> list[Arm]:
+    """Plans and checks the grid, then submits the arms that have neither finished nor a job still pending or
+    running (sweep.json's job ids, their state from sacct) as one job array (lm.launch.submit with these
+    resources; folder: submitit's, default <workdir>/slurm) and returns, printing the job ids. cluster "local"
+    runs the jobs as local processes (submitit's LocalExecutor). Returns the arms."""
+    launch = slurm_launcher()
+    if cluster == "slurm" and not (shutil.which("sbatch") and shutil.which("srun")):
+        raise UserError("--launcher=slurm: sbatch and srun are not on PATH; run lm sweep on a SLURM login node")
+    workdir = pathlib.Path(workdir).expanduser().absolute()
+    arms = plan_sweep(spec, axes, overrides, workdir)
+    folder = str(pathlib.Path(folder).expanduser().absolute()) if folder else str(workdir / "slurm")
+    jobs = recorded_jobs(workdir)
+    states = launch.job_states(list(jobs.values())) if jobs and cluster == "slurm" else {}
+    todo = []
+    for arm in arms:
+        arm.job = jobs.get(arm.name)
+        if is_finished(arm):
+            arm.status = "skipped (finished earlier)"
+        elif arm.job in states and launch.is_active(states[arm.job]):
+            arm.status = f"queued earlier ({states[arm.job].lower()})"
+        else:
+            todo.append(arm)
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"--workdir={workdir} cannot be created ({e.strerror})") from e
+    if todo:
+        commands = [(train_command(spec, arm.train_flags, arm.workdir), str(arm.workdir / LOG_FILE)) for arm in todo]
+        for arm, job in zip(todo, launch.submit(commands, folder, cluster, **resources), strict=True):
+            arm.job, arm.status = job, "submitted"
+            print(f"submitted arm {arms.index(arm) + 1} of {len(arms)}: {arm.name} as job {job}", flush=True)
+    write_record(workdir, spec, axes, overrides, arms)
+    ended = collections.Counter(arm.status.split(" (")[0] for arm in arms if arm not in todo)
+    earlier = "".join(f"{n} {how}, " for how, n in ended.items())
+    array = f" as job {todo[0].job.split('_')[0]}" if todo else ""
+    print(f"done: {len(todo)} of {len(arms)} arms submitted{array} in {shown_path(workdir)} ({earlier}submitit's "
+          f"logs in {shown_path(pathlib.Path(folder))}); this command with --status shows their progress; rerun it "
+          "to resubmit the arms whose jobs end unfinished")
+    return arms
+
+
+def arm_progress(arm: Arm) -> str:
+    """'finished', 'step 300/2000' (its metrics.jsonl's latest train record) or 'not started'."""
+    if is_finished(arm):
+        return "finished"
+    record = latest_record(arm.workdir)
+    return f"step {record['step']}/{arm.num_steps}" if record else "not started"
+
+
+def sweep_status(spec: str, axes: dict[str, list[str]], overrides: dict[str, str],
+                 workdir: str | pathlib.Path) -> str:
+    """A table of the sweep's arms: each one's job id and SLURM state (sacct, for arms sweep.json records a job
+    of), its progress (arm_progress) and final eval loss; then a line counting the finished arms."""
+    workdir = pathlib.Path(workdir).expanduser().absolute()
+    arms = plan_sweep(spec, axes, overrides, workdir)
+    if not (workdir / SWEEP_FILE).is_file():
+        raise UserError(f"--workdir={workdir} holds no {SWEEP_FILE}: this sweep has not been launched")
+    jobs = recorded_jobs(workdir)
+    states = slurm_launcher().job_states(list(jobs.values())) if jobs else {}
+    rows = [("arm", "job", "state", "progress", "eval loss")]
+    for arm in arms:
+        job = jobs.get(arm.name)
+        loss = final_eval_loss(arm.workdir)
+        rows.append((arm.name, job or "-", states.get(job, "-"), arm_progress(arm),
+                     "-" if loss is None else f"{loss:.4f}"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
+    finished = sum(row[3] == "finished" for row in rows[1:])
+    return "\n".join([*lines, f"status: {finished} of {len(arms)} arms finished in {shown_path(workdir)}"])
+
+
 _OVERRIDES: dict[str, str] = {}
 
 
@@ -380,7 +507,24 @@ def main(argv: list[str]) -> None:
                 if key in axes:
                     raise UserError(f"--sweep={key}=... is given twice; put all its values in one --sweep")
                 axes[key] = values
-        arms = run_sweep(spec, axes, {**overrides, **_OVERRIDES}, _WORKDIR.value, _PARALLEL.value)
+        overrides = {**overrides, **_OVERRIDES}
+        slurm_flags = [f"--{name}" for name in SLURM_FLAGS if flags.FLAGS[name].present]
+        if _LAUNCHER.value == "local" and slurm_flags and not _STATUS.value:
+            one = len(slurm_flags) == 1
+            raise UserError(f"{', '.join(slurm_flags)} {'is' if one else 'are'} for --launcher=slurm: add "
+                            f"--launcher=slurm or drop {'it' if one else 'them'}")
+        if _LAUNCHER.value == "slurm" and flags.FLAGS["parallel"].present:
+            raise UserError("--parallel is for --launcher=local; with slurm use --slurm_array_parallelism")
+        if _STATUS.value:
+            print(sweep_status(spec, axes, overrides, _WORKDIR.value))
+            return
+        if _LAUNCHER.value == "slurm":
+            submit_sweep(spec, axes, overrides, _WORKDIR.value, _SLURM_FOLDER.value, time_min=_SLURM_TIME.value,
+                         gpus_per_node=_SLURM_GPUS.value, cpus_per_task=_SLURM_CPUS.value, mem_gb=_SLURM_MEM.value,
+                         partition=_SLURM_PARTITION.value, account=_SLURM_ACCOUNT.value, qos=_SLURM_QOS.value,
+                         array_parallelism=_SLURM_ARRAY_PARALLELISM.value)
+            return
+        arms = run_sweep(spec, axes, overrides, _WORKDIR.value, _PARALLEL.value)
         failed = [arm.name for arm in arms if arm.status.startswith("failed")]
         if failed:
             print(f"{len(failed)} of {len(arms)} arms failed: {', '.join(failed)}", file=sys.stderr)
