@@ -1,8 +1,10 @@
 """Device meshes and logical-axis sharding.
 
-The mesh has four axes, (data, fsdp, expert, tensor); the config gives their sizes (-1 = the rest
-of the devices). Parameters and activations carry logical axis names; the config's rules map them
-onto mesh axes, so data parallel, FSDP, expert parallel and tensor parallel are config changes.
+The mesh has five axes, (data, fsdp, expert, context, tensor); the config gives their sizes (-1 = the
+rest of the devices; an axis the sizes leave out is 1). Parameters and activations carry logical axis
+names; the config's rules map them onto mesh axes, so data parallel, FSDP, expert parallel, context
+parallel (the activations' sequence dimension, 'length', split over 'context') and tensor parallel
+are config changes.
 The batch is split over data, fsdp and expert: devices along the expert axis hold different tokens
 for the dense layers and different experts for the mixture-of-experts layers.
 """
@@ -17,7 +19,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from lm.errors import UserError
 
-MESH_AXES = ("data", "fsdp", "expert", "tensor")
+MESH_AXES = ("data", "fsdp", "expert", "context", "tensor")
 BATCH_MESH_AXES = ("data", "fsdp", "expert")  # the mesh axes the batch dimension is split over
 
 Rules = Sequence[tuple[str, str | tuple[str, ...] | None]]
@@ -32,6 +34,7 @@ DEFAULT_RULES = (
     ("heads", "tensor"),
     ("mlp", "tensor"),
     ("embed", "fsdp"),
+    ("length", "context"),
 )
 
 
@@ -45,8 +48,8 @@ def fake_devices(needed: int, num_devices: int, on_cpu: bool) -> str:
 
 def mesh_shape(sizes: dict[str, int], num_devices: int, on_cpu: bool = False) -> tuple[int, ...]:
     """Resolves -1 (at most one) so the product of the axis sizes is num_devices; on_cpu: a mesh that
-    needs more devices says how to fake them."""
-    shape = [int(sizes[axis]) for axis in MESH_AXES]
+    needs more devices says how to fake them. An axis that sizes lacks is 1."""
+    shape = [int(sizes.get(axis, 1)) for axis in MESH_AXES]
     described = ", ".join(f"{a}={s}" for a, s in zip(MESH_AXES, shape, strict=True))
     if shape.count(-1) > 1 or any(s == 0 or s < -1 for s in shape):
         raise UserError(f"mesh {described}: give positive sizes, with at most one -1")
@@ -91,6 +94,15 @@ def check_batch(batch_size: int, grad_accum_steps: int, mesh: Mesh) -> None:
         )
     if batch_size % jax.process_count():
         raise UserError(f"train.batch_size={batch_size} is not divisible by {jax.process_count()} hosts")
+
+
+def check_context(length: int | None, mesh: Mesh) -> None:
+    """Raises UserError where the mesh's context axis does not divide the sequence length (None: a model whose
+    length its attention checks when traced)."""
+    shards = mesh.shape["context"]
+    if length is not None and length % shards:
+        raise UserError(f"data.context_length={length} cannot be split over the {shards} devices of mesh.context; "
+                        f"make it a multiple of {shards} or change mesh.context")
 
 
 def logical_rules(config_rules) -> list[tuple]:

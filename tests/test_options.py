@@ -62,7 +62,7 @@ def test_the_generated_defaults_are_the_ones_configs_always_had():
         "rope_llama3_low_freq_factor": 1.0, "rope_llama3_high_freq_factor": 4.0,
         "dropout": 0.0, "attention_dropout": 0.0, "use_bias": True, "init": "gpt2", "qk_norm": False,
         "attention_softcap": 0.0, "logit_softcap": 0.0, "parallel_block": False, "compute_dtype": "float32",
-        "attention_impl": "auto", "scan_layers": False, "remat": "none",
+        "attention_impl": "auto", "context_parallel": "all_gather", "scan_layers": False, "remat": "none",
         "moe": {"num_experts": 0, "every": 2, "top_k": 2, "capacity_factor": 1.25, "load_balance_weight": 0.01,
                 "router_z_weight": 0.001},
         "lora": {"rank": 0, "alpha": 16.0, "dropout": 0.0,

@@ -16,8 +16,9 @@ from lm.train.setup import abstract_state, state_builder
 
 
 def test_mesh_shape_resolves_minus_one():
-    assert sharding.mesh_shape({"data": -1, "fsdp": 2, "expert": 1, "tensor": 1}, 8) == (4, 2, 1, 1)
-    assert sharding.mesh_shape({"data": 2, "fsdp": 1, "expert": 2, "tensor": 2}, 8) == (2, 1, 2, 2)
+    assert sharding.mesh_shape({"data": -1, "fsdp": 2, "expert": 1, "tensor": 1}, 8) == (4, 2, 1, 1, 1)
+    assert sharding.mesh_shape({"data": 2, "fsdp": 1, "expert": 2, "tensor": 2}, 8) == (2, 1, 2, 1, 2)
+    assert sharding.mesh_shape({"data": 2, "context": -1}, 8) == (2, 1, 1, 4, 1)  # an axis left out is 1
 
 
 @pytest.mark.parametrize(

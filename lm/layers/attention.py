@@ -10,8 +10,16 @@ for visualisation; and for soft-capped scores (softcap > 0: s -> softcap * tanh(
 the XLA path, since jax.nn.dot_product_attention takes no cap (splash caps in its kernel, cuDNN cannot).
 qk_norm: RMSNorm over each head's queries and keys (one scale of Dh per projection), before RoPE.
 All paths give the same output.
+
+Context parallel (a mesh whose 'context' axis the rules give the activations' sequence dimension, 'length'):
+each device holds a contiguous chunk of every row's queries, keys and values, and self-attention takes one of
+two forms (CONTEXT_PARALLEL). all_gather: the keys and values are gathered over the axis (Llama 3's form), so
+each device attends from its queries to the whole row. ring: the blocks of keys and values go round the axis
+(ppermute), each device merging its queries' scores over the blocks with an online softmax (ring_attention).
+Masks, biases and positions are those of the whole row, so the output is one device's. Both run on XLA.
 """
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -22,23 +30,38 @@ import jax.numpy as jnp
 from lm.errors import UserError
 from lm.layers.linear import Linear
 from lm.layers.lora import LoraConfig
-from lm.layers.partitioning import constrain, param_init
+from lm.layers.partitioning import constrain, mesh_axes, param_init
 from lm.layers.positions import RopeScaling, alibi_bias, apply_rope
 from lm.layers.splash import splash_attention
 
 ACTIVATION_AXES = ("batch", "length", "heads", "kv")
+GATHERED_AXES = ("batch", None, "heads", "kv")  # keys and values under context parallelism: the whole row
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash")
 CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
+CONTEXT_PARALLEL = ("all_gather", "ring")  # the forms of self-attention over a sequence split over devices
 
 
 SOFTCAP_NEED = "attention scores without a soft-cap (jax.nn.dot_product_attention's cuDNN path takes none)"
+CONTEXT_NEED = "a mesh without a context axis (a sequence split over devices runs on XLA)"
+
+
+def context_shards() -> int:
+    """The number of devices the activations' sequence dimension ('length') is split over under the mesh and
+    logical rules in scope; 1: none."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if not nn.get_logical_axis_rules() or mesh.empty:
+        return 1
+    sizes = dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True))
+    (axes,) = mesh_axes(("length",))
+    return math.prod(sizes[axis] for axis in axes)
 
 
 def attention_implementation(requested: str, platform: str, dtype, head_dim: int, lengths: tuple[int, int],
-                             has_mask_or_bias: bool, has_segments: bool = False, softcap: float = 0.0) -> str:
+                             has_mask_or_bias: bool, has_segments: bool = False, softcap: float = 0.0,
+                             context_split: bool = False) -> str:
     """The fused attention for a call with query and key lengths (T, S): 'cudnn', 'splash' or 'xla'.
     has_segments: the rows are packed documents whose segment ids confine attention. softcap: the scores'
-    soft-cap (0: none).
+    soft-cap (0: none). context_split: the sequence is split over a context axis of the mesh (XLA only).
 
     cudnn   cuDNN flash attention (jax.nn.dot_product_attention): GPU, bf16/fp16, head_dim % 8 == 0 and
             <= 128, no mask or bias array (causal or full attention), no segment ids (the public call
@@ -61,11 +84,13 @@ def attention_implementation(requested: str, platform: str, dtype, head_dim: int
             (f"a head dimension that is a multiple of 8 up to 128 (it is {head_dim})", head_dim % 8 or head_dim > 128),
             no_array,
             (SOFTCAP_NEED, softcap > 0),
+            (CONTEXT_NEED, context_split),
         ],
         "splash": [
             (f"sequence lengths that are multiples of 128 (they are {lengths[0]} and {lengths[1]})",
              any(n % 128 for n in lengths)),
             no_array,
+            (CONTEXT_NEED, context_split),
         ],
     }
     if requested == "auto":
@@ -119,10 +144,10 @@ def combine_masks(*masks: jax.Array | None) -> jax.Array | None:
     return combined
 
 
-def attention_weights(q: jax.Array, k: jax.Array, bias: jax.Array | None, mask: jax.Array | None,
-                      softcap: float = 0.0, scale: float | None = None) -> jax.Array:
-    """softmax(capped(q.k / sqrt(Dh), softcap) + bias) over keys, masked: q (B, T, H, Dh), k (B, S, K, Dh) ->
-    (B, H, T, S). scale: q.k times scale instead of / sqrt(Dh)."""
+def attention_scores(q: jax.Array, k: jax.Array, bias: jax.Array | None, mask: jax.Array | None,
+                     softcap: float = 0.0, scale: float | None = None) -> jax.Array:
+    """capped(q.k / sqrt(Dh), softcap) + bias in float32, masked to the float32 minimum: q (B, T, H, Dh),
+    k (B, S, K, Dh) -> (B, H, T, S). scale: q.k times scale instead of / sqrt(Dh)."""
     batch, length, num_heads, head_dim = q.shape
     kv_heads = k.shape[2]
     grouped = q.reshape(batch, length, kv_heads, num_heads // kv_heads, head_dim)  # (B, T, K, G, Dh)
@@ -134,7 +159,14 @@ def attention_weights(q: jax.Array, k: jax.Array, bias: jax.Array | None, mask: 
         logits = logits + bias
     if mask is not None:  # a fully masked row comes out uniform, as in the fused path
         logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
-    return jax.nn.softmax(logits, axis=-1)
+    return logits
+
+
+def attention_weights(q: jax.Array, k: jax.Array, bias: jax.Array | None, mask: jax.Array | None,
+                      softcap: float = 0.0, scale: float | None = None) -> jax.Array:
+    """softmax(capped(q.k / sqrt(Dh), softcap) + bias) over keys, masked: q (B, T, H, Dh), k (B, S, K, Dh) ->
+    (B, H, T, S). scale: q.k times scale instead of / sqrt(Dh)."""
+    return jax.nn.softmax(attention_scores(q, k, bias, mask, softcap, scale), axis=-1)
 
 
 def weighted_values(weights: jax.Array, v: jax.Array) -> jax.Array:
@@ -144,6 +176,55 @@ def weighted_values(weights: jax.Array, v: jax.Array) -> jax.Array:
     grouped = weights.reshape(batch, kv_heads, num_heads // kv_heads, length, keys).astype(v.dtype)
     out = jnp.einsum("bkgts,bskd->btkgd", grouped, v)  # (B, T, K, G, Dh)
     return out.reshape(batch, length, num_heads, v.shape[-1])
+
+
+def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array, segment_ids: jax.Array | None,
+                   causal: bool, alibi: bool, softcap: float = 0.0, scale: float | None = None) -> jax.Array:
+    """Self-attention with the sequence split over the mesh axes of 'length' (the context axis), by ring:
+    q (B, T, H, Dh), k and v (B, T, K, Dh), positions (T,) or (B, T), segment_ids (B, T) or None -> (B, T, H, Dh).
+    Each device keeps its chunk of queries; the chunks of keys and values (with their positions and segment
+    ids) go round the axis, one step per device, and each block's scores merge into a running maximum,
+    denominator and weighted sum (the online softmax). causal masks by index within the row, as the fused path;
+    alibi biases the scores by the query and key positions. The other mesh axes stay with XLA."""
+    (axes,) = mesh_axes(("length",))
+    sizes = dict(zip(jax.sharding.get_abstract_mesh().axis_names, jax.sharding.get_abstract_mesh().axis_sizes,
+                     strict=True))
+    shards = math.prod(sizes[axis] for axis in axes)
+    batch, length, num_heads = q.shape[:3]
+    rows = (batch, length)
+    positions = jnp.broadcast_to(positions, rows)
+    segments = jnp.zeros(rows, jnp.int32) if segment_ids is None else segment_ids
+    minimum = jnp.finfo(jnp.float32).min
+
+    def per_device(q, k, v, positions, segments):  # this device's chunk of t tokens
+        chunk = q.shape[1]
+        here = jax.lax.axis_index(axes)
+        query_index = here * chunk + jnp.arange(chunk)
+        peak = jnp.full((batch, num_heads, chunk), minimum)
+        total = jnp.zeros((batch, num_heads, chunk))
+        out = jnp.zeros(q.shape, jnp.float32)
+        block = (k, v, positions, segments)
+        for step in range(shards):  # the block of device here - step
+            k_block, v_block, key_positions, key_segments = block
+            key_index = (here - step) % shards * chunk + jnp.arange(chunk)
+            mask = (segments[:, :, None] == key_segments[:, None, :])[:, None]  # (B, 1, t, t)
+            if causal:
+                mask = jnp.logical_and(mask, causal_mask(query_index, key_index))
+            bias = alibi_bias(num_heads, positions, key_positions, causal) if alibi else None
+            logits = attention_scores(q, k_block, bias, mask, softcap, scale)  # (B, H, t, t)
+            new_peak = jnp.maximum(peak, logits.max(axis=-1))
+            weights = jnp.exp(logits - new_peak[..., None])
+            rescale = jnp.exp(peak - new_peak)
+            total = total * rescale + weights.sum(axis=-1)
+            out = out * rescale.transpose(0, 2, 1)[..., None] + weighted_values(weights, v_block).astype(jnp.float32)
+            peak = new_peak
+            if step + 1 < shards:
+                block = jax.lax.ppermute(block, axes, [(j, (j + 1) % shards) for j in range(shards)])
+        return (out / total.transpose(0, 2, 1)[..., None]).astype(q.dtype)
+
+    spec = jax.sharding.PartitionSpec(None, axes)
+    return jax.shard_map(per_device, in_specs=(spec,) * 5, out_specs=spec, axis_names=set(axes),
+                         check_vma=False)(q, k, v, positions, segments)
 
 
 class MultiHeadAttention(nn.Module):
@@ -182,6 +263,7 @@ class MultiHeadAttention(nn.Module):
     norm_epsilon: float = 1e-6  # of qk_norm
     softcap: float = 0.0
     scale: float | None = None  # of the scores q.k; None: 1 / sqrt(head_dim)
+    context_parallel: str = "all_gather"  # self-attention over a sequence split over devices: CONTEXT_PARALLEL
 
     @nn.compact
     def __call__(
@@ -244,14 +326,29 @@ class MultiHeadAttention(nn.Module):
         if self_attention and self.position == "alibi":
             bias = alibi_bias(self.num_heads, positions, key_positions, self.causal)
 
+        shards = context_shards()
+        ring = shards > 1 and self.context_parallel == "ring" and self_attention and cache_index is None
+        if shards > 1:
+            if cache_index is None and length % shards:
+                raise UserError(f"a sequence of {length} tokens cannot be split over the {shards} devices of "
+                                f"mesh.context; make the sequence length a multiple of {shards} or change mesh.context")
+            if not ring:  # the all-gather form: this device's queries see the whole row's keys and values
+                k, v = (constrain(y, GATHERED_AXES) for y in (k, v))
+
         segments = None if segment_ids is None else segment_mask(segment_ids)
         platform = jax.default_backend()
         explicit = capture_weights or (train and self.dropout > 0)
         implementation = "xla" if explicit else attention_implementation(
             self.implementation, platform, q.dtype, self.head_dim, (length, k.shape[1]),
-            mask is not None or bias is not None, segment_ids is not None, self.softcap,
+            mask is not None or bias is not None, segment_ids is not None, self.softcap, shards > 1,
         )
-        if explicit or (self.softcap and implementation == "xla"):  # jax.nn.dot_product_attention takes no cap
+        if ring:
+            if explicit or mask is not None:
+                raise UserError("model.context_parallel=ring takes no attention dropout, captured weights or mask "
+                                "array (padding); use model.context_parallel=all_gather")
+            out = ring_attention(q, k, v, positions, segment_ids, use_causal_flag, self.position == "alibi",
+                                 self.softcap, self.scale)
+        elif explicit or (self.softcap and implementation == "xla"):  # jax.nn.dot_product_attention takes no cap
             if use_causal_flag:  # by index, as the fused path's is_causal (packed rows restart their positions)
                 mask = combine_masks(mask, causal_mask(jnp.arange(length), jnp.arange(k.shape[1])))
             mask = combine_masks(mask, segments)

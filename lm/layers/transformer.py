@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 
 from lm.errors import UserError
-from lm.layers.attention import ATTENTION_IMPLS, SOFTCAP_NEED, MultiHeadAttention
+from lm.layers.attention import ATTENTION_IMPLS, CONTEXT_PARALLEL, SOFTCAP_NEED, MultiHeadAttention
 from lm.layers.initializers import INIT_SCHEMES, initializers
 from lm.layers.lora import ATTENTION_TARGETS, LoraConfig
 from lm.layers.mlp import MLP_KINDS, Mlp, mlp_hidden_dim
@@ -141,6 +141,9 @@ class TransformerConfig:
     # How the model is computed, not what it computes (the same numerics): see the module docstring.
     attention_impl: str = option("auto", "fused attention: auto = cuDNN on GPU, splash on TPU where they apply "
                                          "(lm.layers.attention.attention_implementation)", choices=ATTENTION_IMPLS)
+    context_parallel: str = option("all_gather", "self-attention over a sequence split over mesh.context: "
+                                                 "all_gather the keys and values, or pass them round a ring "
+                                                 "(docs/long-context.md)", choices=CONTEXT_PARALLEL)
     scan_layers: bool = option(False, "one nn.scan over the layers (compiles one layer, not num_layers)")
     remat: str = option("none", "activations recomputed in the backward pass: see REMAT_POLICIES",
                         choices=tuple(REMAT_POLICIES))
@@ -335,6 +338,7 @@ class TransformerBlock(nn.Module):
                 norm_epsilon=cfg.norm_epsilon,
                 softcap=cfg.attention_softcap,
                 scale=cfg.attention_scale,
+                context_parallel=cfg.context_parallel,
                 name=name,
             )
 

@@ -28,6 +28,7 @@ NOT_ABLATIONS = {
     "compute_dtype": "performance",
     "attention_impl": "performance",
     "scan_layers": "performance",
+    "context_parallel": "performance",
     "remat": "performance",
     **{f"lora.{key}": "post-training (docs/post-training.md)" for key in ("rank", "alpha", "dropout", "targets")},
     **{key: "scaling (docs/scaling.md)" for key in ("parametrization", "mup_base_width", "mup_base_head_dim")},

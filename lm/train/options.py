@@ -153,7 +153,7 @@ def train_options(**overrides) -> ml_collections.ConfigDict:
 
 
 def mesh_options() -> ml_collections.ConfigDict:
-    """The mesh axis sizes (lm/sharding.py MESH_AXES); one device is a 1x1x1x1 mesh."""
+    """The mesh axis sizes (lm/sharding.py MESH_AXES); one device is a 1x1x1x1x1 mesh."""
     return declare(
         ml_collections.ConfigDict(),
         data=option(-1, "devices the batch is split over, data parallel (-1: all that the other axes leave)",
@@ -162,6 +162,8 @@ def mesh_options() -> ml_collections.ConfigDict:
                     bounds=ALL_LEFT),
         expert=option(1, "devices the experts of mixture-of-experts layers are split over, and the batch",
                       bounds=ALL_LEFT),
+        context=option(1, "devices the sequence dimension of the activations is split over (context parallel: "
+                          "model.context_parallel: how attention spans it; docs/long-context.md)", bounds=ALL_LEFT),
         tensor=option(1, "devices the heads, MLP and vocabulary dimensions are split over (tensor parallel)",
                       bounds=ALL_LEFT),
     )

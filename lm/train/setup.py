@@ -232,6 +232,7 @@ def build(config: ml_collections.ConfigDict, make_experiment: MakeExperiment,
         print(warning)
     mesh = sharding.make_mesh(config.mesh.to_dict(), devices)
     sharding.check_batch(config.train.batch_size, config.train.grad_accum_steps, mesh)
+    sharding.check_context(config.get("data", {}).get("context_length"), mesh)
     rules = sharding.logical_rules(config.sharding_rules)
     experiment = make_experiment(config, workdir)
     config = experiment.config  # with what it derived from its data (lm/train/experiment.py)
