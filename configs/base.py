@@ -28,7 +28,7 @@ from lm.train.options import eval_every_option, mesh_options, optimizer_options,
 
 
 def add_mesh(config: ml_collections.ConfigDict) -> None:
-    """Mesh axis sizes (-1: all remaining devices; one device is a 1x1x1x1 mesh) and the rules that map
+    """Mesh axis sizes (-1: all remaining devices; one device is a 1x1x1x1x1 mesh) and the rules that map
     logical axis names onto them: see lm/sharding.py."""
     config.mesh = mesh_options()
     declare(config, sharding_rules=option(sharding.DEFAULT_RULES, "(logical axis name, mesh axes) pairs, in "
@@ -124,6 +124,8 @@ def language_model(dataset: str = "tinyshakespeare") -> ml_collections.ConfigDic
         batch_size=option(48, "val windows per eval batch", bounds=at_least(1)),
         num_batches=option(8, "val batches per evaluation (the same ones every time)", bounds=at_least(1)),
         context_lengths=option((), "val lengths scored after training, e.g. (128,): twice the training one"),
+        position_bands=option((), "with context_lengths: the ends of position bands whose val loss each length "
+                                  "also gives, e.g. (128,256,512): val_cross_entropy_ctx512_pos0_128, ..."),
         benchmarks=option("", "zero-shot tasks scored at every eval, task:N (its first N documents), comma-separated, "
                               "e.g. hellaswag:500,arc_easy:200: logged as hellaswag_acc_norm, ... (BPE runs; "
                               "docs/evaluation.md); '' = none"),

@@ -218,7 +218,8 @@ class LanguageModel(Experiment):
         rows past the training length, so longer lengths are left out for them. (The corpus has no test
         split; benchmarks/gpt_baby.py reports the loss over the whole val split.) For a mixture, also each
         source's held-out documents alone at the training length: 'val_cross_entropy_source0', ... Empty for
-        synthetic ids."""
+        synthetic ids. With eval.position_bands, each length's windows also give the cross-entropy of the tokens
+        at each band of positions that fits in it (position_band_losses): 'val_cross_entropy_ctx512_pos128_256'."""
         e, trained_length = self.config.eval, self.config.data.context_length
         results = {}
         if self.config.data.dataset == "synthetic":
@@ -229,6 +230,11 @@ class LanguageModel(Experiment):
                 continue
             batches = self.val_windows(length)
             results[f"val_cross_entropy_ctx{length}"] = evaluate(batches)["cross_entropy"]
+            bands = [(a, b) for a, b in position_bands(e.get("position_bands", ())) if b <= length]
+            if bands:
+                losses = position_band_losses(self.model, params, batches, bands)
+                results.update({f"val_cross_entropy_ctx{length}_pos{a}_{b}": loss
+                                for (a, b), loss in zip(bands, losses, strict=True)})
         if self.val_documents is not None and len(self.val_documents) > 1:  # each mixture source's alone
             for j, documents in enumerate(self.val_documents):
                 rows = packing.pack_documents(documents, trained_length)
@@ -247,6 +253,7 @@ def build(config: ml_collections.ConfigDict, workdir: pathlib.Path | None = None
     config = run_data(config)
     d = config.data
     check_benchmarks(config)
+    position_bands(config.eval.get("position_bands", ()))
     if d.dataset in text.DATASETS:
         cache = run_cache.DataCache(workdir)
         tokenizer, ids = text_ids(config, workdir, cache)
@@ -328,6 +335,51 @@ def post_training_data(config: ml_collections.ConfigDict) -> tuple[ml_collection
     config = declared_copy(config)
     from_init_run(config)
     return config, token_file_tokenizer(config.data)
+
+
+def position_bands(edges) -> list[tuple[int, int]]:
+    """eval.position_bands, the ends of the bands after 0 ((128, 256, 512)) -> the bands [(0, 128), (128, 256),
+    (256, 512)]; edges that are not positive, increasing ints are a UserError."""
+    edges = tuple(edges)
+    if any(isinstance(b, bool) or not isinstance(b, int) for b in edges) or list(edges) != sorted(set(edges)) or (
+            edges and edges[0] < 1):
+        raise UserError(f"eval.position_bands={edges}: give the ends of the position bands, positive and increasing, "
+                        "e.g. (128,256,512) for [0,128), [128,256), [256,512)")
+    return list(zip((0, *edges), edges, strict=False))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def token_cross_entropy(model: GPT, params, batch: dict) -> jax.Array:
+    """The cross-entropy of each of a batch's targets (B, T), the model reading its inputs as the loss does (a
+    packed batch's segment_ids and positions too)."""
+    packed = {key: batch[key] for key in ("segment_ids", "positions") if key in batch}
+    return model.apply({"params": params}, batch["inputs"], targets=batch["targets"],
+                       logits_reduce=cross_entropy_and_logsumexp, **packed)["cross_entropy"]
+
+
+def band_sums(cross_entropy: np.ndarray, positions: np.ndarray, weights: np.ndarray,
+              bands: list[tuple[int, int]]) -> np.ndarray:
+    """(len(bands), 2) float64: the weighted sum of the cross-entropies (B, T) of the tokens whose position is in
+    each band [a, b), and the sum of their weights."""
+    sums = np.zeros((len(bands), 2))
+    for i, (a, b) in enumerate(bands):
+        inside = weights * ((positions >= a) & (positions < b))
+        sums[i] = np.sum(cross_entropy * inside, dtype=np.float64), np.sum(inside, dtype=np.float64)
+    return sums
+
+
+def position_band_losses(model: GPT, params, batches: list[dict], bands: list[tuple[int, int]]) -> list[float]:
+    """The mean cross-entropy, over batches, of the tokens at each band of positions [a, b): a packed batch's
+    tokens by their position in their document (what the model's positions are), others by their place in the
+    window; padding (weight 0) left out; NaN for a band without tokens."""
+    sums = np.zeros((len(bands), 2))
+    for batch in batches:
+        cross_entropy = np.asarray(jax.device_get(token_cross_entropy(model, params, batch)))
+        positions = batch.get("positions", np.broadcast_to(np.arange(cross_entropy.shape[1]), cross_entropy.shape))
+        weights = batch.get("weights", np.ones(cross_entropy.shape))
+        sums += band_sums(cross_entropy, np.asarray(positions), np.asarray(weights, np.float64), bands)
+    with np.errstate(invalid="ignore"):
+        return [float(total / count) if count else float("nan") for total, count in sums]
 
 
 def check_benchmarks(config: ml_collections.ConfigDict) -> None:

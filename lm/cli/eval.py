@@ -17,6 +17,8 @@ With --tasks: the standard zero-shot tasks scored as lm-evaluation-harness score
 on the first --limit documents of each (default: all), from $LM_DATA_DIR; the model is the run's GPT at --step (its
 BPE tokenizer, or its characters one by one; restored on the run's mesh, the batches split over its batch axes as
 the eval loss's are) or the Hugging Face folder --hf (GPT-2 or Llama, with its tokenizer.json or --hf_tokenizer).
+passkey:LENGTH (lm/eval/passkey.py) is synthetic: --limit documents (default 100) of filler LENGTH tokens long
+hiding a five-digit key, retrieved when the key is the model's greedy continuation (acc, and acc by depth).
 Prints a table (task, metric, value, stderr, documents) and writes <out>/eval.json (default:
 <workdir>/tasks_<step>, or with --hf eval/<DIR's name> in the current folder: never into the model's folder).
 
@@ -40,8 +42,10 @@ _STEP = flags.DEFINE_integer("step", None, "The checkpoint's step (default: the 
 _OUT = define_string_once("out", "Where eval.json and the results' files go (default: <workdir>/eval_<step>; "
                                   "with --tasks <workdir>/tasks_<step>, or with --hf eval/<DIR's name>).")
 _TASKS = flags.DEFINE_string("tasks", None, "Zero-shot tasks to score, comma-separated (lm/eval/tasks.py): "
-                                            "hellaswag,lambada_openai,arc_easy,arc_challenge,piqa,winogrande,wikitext.")
-_LIMIT = flags.DEFINE_integer("limit", None, "With --tasks: the first N documents of each task (default: all).")
+                                            "hellaswag,lambada_openai,arc_easy,arc_challenge,piqa,winogrande,wikitext, "
+                                            "and passkey:LENGTH (synthetic passkey retrieval, LENGTH tokens long).")
+_LIMIT = flags.DEFINE_integer("limit", None, "With --tasks: the first N documents of each task (default: all; "
+                                             "passkey:LENGTH makes 100).")
 _HF = define_string_once("hf", "With --tasks, instead of --workdir: a Hugging Face model folder (GPT-2, Llama).")
 _HF_TOKENIZER = define_string_once("hf_tokenizer", "With --hf: its tokenizer.json (default: DIR's).")
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "With --tasks: sequences per scoring batch.")

@@ -7,6 +7,7 @@ import time
 
 from lm import runs
 from lm.errors import UserError
+from lm.eval import passkey
 from lm.eval.scoring import Scorer, loglikelihoods, rolling_loglikelihoods
 from lm.eval.tasks import Task, aggregate, documents
 
@@ -32,9 +33,19 @@ def responses(scorer: Scorer, task: Task, task_documents: list) -> list:
     one), all the task's requests scored together; a WikiText page's rolling log-likelihood."""
     if task.kind == "rolling":
         return rolling_loglikelihoods(scorer, [page.text for page in task_documents], task.name)
-    requests = [document.requests if task.kind == "multiple_choice" else (document,) for document in task_documents]
+    requests = [document.requests if task.kind == "multiple_choice" else
+                (document.request,) if task.kind == "passkey" else (document,) for document in task_documents]
     flat = iter(loglikelihoods(scorer, [request for document in requests for request in document], task.name))
     return [[next(flat) for _ in document] for document in requests]
+
+
+def task_inputs(scorer: Scorer, task: Task, limit: int | None) -> list:
+    """The task's first limit documents (all: None), read from $LM_DATA_DIR; passkey's made with the scorer's
+    tokenizer (limit of them, default passkey.DEFAULT_DOCUMENTS), once its length is one the model reads."""
+    if task.kind == "passkey":
+        passkey.check_length(task.length, scorer.max_length)
+        return passkey.documents(scorer.encode, task.length, limit)
+    return documents(task, limit)
 
 
 def evaluate(scorer: Scorer, tasks: list[Task], limit: int | None = None) -> list[TaskResult]:
@@ -42,8 +53,8 @@ def evaluate(scorer: Scorer, tasks: list[Task], limit: int | None = None) -> lis
     results = []
     for task in tasks:
         start = time.perf_counter()
-        task_documents = documents(task, limit)
         try:
+            task_documents = task_inputs(scorer, task, limit)
             found = responses(scorer, task, task_documents)
         except UserError as error:  # e.g. a continuation longer than the model reads
             raise UserError(f"{task.name}: {error}") from None
@@ -53,13 +64,13 @@ def evaluate(scorer: Scorer, tasks: list[Task], limit: int | None = None) -> lis
 
 
 def table(results: list[TaskResult]) -> str:
-    """task | metric | value | stderr | documents, one row per metric ('-' where there is no standard error), then
-    a line for each task whose metrics need saying what they are (NOTES)."""
+    """task | metric | value | stderr | documents, one row per metric ('-' where there is no value or no standard
+    error), then a line for each task whose metrics need saying what they are (NOTES)."""
     rows = [("task", "metric", "value", "stderr", "n")]
     for result in results:
         for metric in result.task.metrics:
-            stderr = result.metrics[f"{metric}_stderr"]
-            rows.append((result.task.name, metric, f"{result.metrics[metric]:.4f}",
+            stderr, value = result.metrics[f"{metric}_stderr"], result.metrics[metric]
+            rows.append((result.task.name, metric, "-" if value is None else f"{value:.4f}",
                          "-" if stderr is None else f"{stderr:.4f}", str(result.documents)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [" | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]

@@ -15,6 +15,8 @@ $LM_DATA_DIR (docs/data-files.md gives each file's origin and format).
                   Pages split as EleutherAI/wikitext_document_level splits them (62 in the test split). NOT the
                   harness's data: the shared copy is WikiText-2's tokenised release (rare words are <unk>), the
                   harness reads the raw one, so these perplexities are not comparable with published ones.
+  passkey:LENGTH  synthetic passkey retrieval (lm/eval/passkey.py, not a harness task): a five-digit key hidden in
+                  filler LENGTH tokens long; acc (the key is the greedy continuation), acc per depth band.
 
 The target delimiter is " " and every task is zero-shot. acc_norm divides each choice's log-likelihood by the
 choice's length in characters (the harness's len() of the choice text, without the delimiter); ties go to the first
@@ -35,6 +37,7 @@ import numpy as np
 
 from lm.data.files import find_file
 from lm.errors import UserError
+from lm.eval import passkey
 
 DELIMITER = " "  # the harness's target_delimiter
 HOW = "the file docs/data-files.md describes, in $LM_DATA_DIR/{path}"
@@ -62,10 +65,12 @@ class Page:
 @dataclasses.dataclass(frozen=True)
 class Task:
     name: str
-    kind: str  # "multiple_choice" (Choices), "loglikelihood" ((context, continuation)) or "rolling" (Page)
+    kind: str  # "multiple_choice" (Choices), "loglikelihood" ((context, continuation)), "rolling" (Page) or
+    #            "passkey" (lm/eval/passkey.py's Passkey, made with the model's tokenizer: no file, no read)
     metrics: tuple[str, ...]
     path: str  # the file under $LM_DATA_DIR
-    read: Callable[[list[str]], list]  # the file's first lines (enough for the limit) -> documents
+    read: Callable[[list[str]], list] | None  # the file's first lines (enough for the limit) -> documents
+    length: int = 0  # passkey: the documents' length in tokens
 
 
 def read_lines(path: str, limit: int | None) -> list[str]:
@@ -199,20 +204,27 @@ def unknown_task(name: str) -> str:
     return f"{name!r}{f' (did you mean {close[0]}?)' if close else ''}"
 
 
+def passkey_task(name: str) -> Task:
+    """passkey:LENGTH (lm/eval/passkey.py) as a Task; a malformed LENGTH is a UserError."""
+    return Task(name, "passkey", passkey.METRICS, "", None, passkey.parse_length(name))
+
+
 def parse_tasks(text: str) -> list[Task]:
-    """'hellaswag,piqa' -> those tasks, in order; an unknown name is a UserError suggesting the task it most likely
-    means (lambada: lambada_openai) and listing the known ones."""
+    """'hellaswag,piqa,passkey:512' -> those tasks, in order; an unknown name is a UserError suggesting the task it
+    most likely means (lambada: lambada_openai) and listing the known ones."""
     names = [name.strip() for name in text.split(",") if name.strip()]
-    unknown = [unknown_task(name) for name in names if name not in TASKS]
+    unknown = [unknown_task(name) for name in names if name not in TASKS and not name.startswith(passkey.PREFIX)]
     if unknown or not names:
         raise UserError(f"--tasks={text}: unknown task {', '.join(unknown) or '(none given)'}; the tasks are "
-                        f"{', '.join(TASKS)}")
-    return [TASKS[name] for name in dict.fromkeys(names)]
+                        f"{', '.join(TASKS)}, and passkey:LENGTH")
+    return [passkey_task(name) if name.startswith(passkey.PREFIX) else TASKS[name] for name in dict.fromkeys(names)]
 
 
 def check_data(tasks: list[Task]) -> None:
     """Every file the tasks read is in $LM_DATA_DIR (else the UserError naming it), before a model is loaded."""
     for task in tasks:
+        if task.kind == "passkey":  # synthetic: no file
+            continue
         for path in (task.path, *([PIQA_LABELS] if task.name == "piqa" else [])):
             find_file(path, how=HOW.format(path=path))
 
@@ -251,6 +263,8 @@ def aggregate(task: Task, documents: list, responses: list) -> dict[str, float |
     """The task's metrics and their standard errors ('<metric>_stderr', None where there is none) from each
     document's responses: [(log-likelihood, is_greedy)] per request, or a page's log-likelihood."""
     results: dict[str, float | None] = {}
+    if task.kind == "passkey":
+        return passkey.aggregate(documents, responses)
     if task.kind == "multiple_choice":
         scores = [multiple_choice_scores(document, [ll for ll, _ in response])
                   for document, response in zip(documents, responses, strict=True)]
