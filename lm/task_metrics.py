@@ -11,9 +11,12 @@ is a fraction in [0, 1] (the papers print percentages: x 100), or a correlation 
   best_span(start_logits, end_logits, allowed, max_answer_length, n_best)
                                               the best valid answer span of a question over its windows
   correlations(predictions, targets)          STS-B: Pearson and Spearman (average ranks for ties)
+  mean_stderr(values)                         the standard error of a mean, as lm-evaluation-harness gives it
+                                              (the zero-shot tasks, passkey retrieval)
 """
 
 import collections
+import math
 import re
 import string
 from collections.abc import Sequence
@@ -128,3 +131,10 @@ def correlations(predictions: np.ndarray, targets: np.ndarray) -> dict[str, floa
     predictions, targets = np.asarray(predictions, np.float64), np.asarray(targets, np.float64)
     return {"pearson": float(scipy.stats.pearsonr(predictions, targets)[0]),
             "spearman": float(scipy.stats.spearmanr(predictions, targets)[0])}
+
+
+def mean_stderr(values: list[float]) -> float | None:
+    """The harness's standard error of a mean: the sample standard deviation (n - 1) / sqrt(n); None for n < 2."""
+    if len(values) < 2:
+        return None
+    return float(np.std(values, ddof=1) / math.sqrt(len(values)))

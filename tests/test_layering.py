@@ -17,7 +17,7 @@ LAYERS = (
      "lm.sharding", "lm.progress", "lm.console", "lm.scaling", "lm.launch"),
     ("lm.layers", "lm.data"),
     ("lm.models",),
-    ("lm.decode", "lm.hf", "lm.eval.scoring", "lm.eval.tasks", "lm.eval.report"),
+    ("lm.decode", "lm.hf", "lm.eval.scoring", "lm.eval.tasks", "lm.eval.passkey", "lm.eval.report"),
     ("lm.train.experiment", "lm.train.options", "lm.eval.benchmarks"),
     ("experiments",),
     ("lm.train", "lm.eval"),

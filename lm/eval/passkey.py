@@ -20,6 +20,7 @@ import dataclasses
 import numpy as np
 
 from lm.errors import UserError
+from lm.task_metrics import mean_stderr
 
 FILLER = ("The grass is green.", "The sky is blue.", "The sun is yellow.", "Here we go.", "There and back again.")
 KEY_LINE = "The pass key is {key}. Remember it. {key} is the pass key."
@@ -111,9 +112,7 @@ def check_length(length: int, max_length: int) -> None:
 
 def aggregate(documents_: list[Passkey], responses: list) -> dict[str, float | None]:
     """acc, and acc per depth band, from each document's [(log-likelihood, is_greedy)] (standard errors:
-    '<metric>_stderr', as lm/eval/tasks.py's)."""
-    from lm.eval.tasks import mean_stderr
-
+    '<metric>_stderr', the harness's, as lm/eval/tasks.py's)."""
     retrieved = [float(response[0][1]) for response in responses]
     results: dict[str, float | None] = {"acc": float(np.mean(retrieved)), "acc_stderr": mean_stderr(retrieved)}
     for (a, b), metric in zip(DEPTH_BANDS, METRICS[1:], strict=True):

@@ -38,6 +38,7 @@ import numpy as np
 from lm.data.files import find_file
 from lm.errors import UserError
 from lm.eval import passkey
+from lm.task_metrics import mean_stderr
 
 DELIMITER = " "  # the harness's target_delimiter
 HOW = "the file docs/data-files.md describes, in $LM_DATA_DIR/{path}"
@@ -242,13 +243,6 @@ def read_whole(path: str) -> list[str]:
     opener = gzip.open if found.suffix == ".gz" else open
     with opener(found, "rt", encoding="utf-8") as f:
         return f.read().split("\n")
-
-
-def mean_stderr(values: list[float]) -> float | None:
-    """The harness's standard error of a mean: the sample standard deviation (n - 1) / sqrt(n); None for n < 2."""
-    if len(values) < 2:
-        return None
-    return float(np.std(values, ddof=1) / math.sqrt(len(values)))
 
 
 def multiple_choice_scores(document: Choices, loglikelihoods: list[float]) -> dict[str, float]:
