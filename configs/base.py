@@ -84,9 +84,9 @@ def token_file_data() -> ml_collections.ConfigDict:
                              "tokenizer)", bounds=at_least(1, 0)),
         # Saved into the run, so that lm sample prints text.
         tokenizer=option("", "the tokenizer.json the token files were made with (or source is tokenised with), "
-                             "absolute or relative to $LM_DATA_DIR, or gpt2 (GPT-2's own, $LM_DATA_DIR/vocab); '': "
-                             "with init_from=RUN the run's, else gpt2 for a source and none (ids only) for token "
-                             "files"),
+                             "absolute or relative to $LM_DATA_DIR, gpt2 (GPT-2's own, $LM_DATA_DIR/vocab) or bytes "
+                             "(an id a UTF-8 byte, 257 ids); '': with init_from=RUN the run's, else gpt2 for a source "
+                             "and none (ids only) for token files"),
         context_length=option(1024, "tokens per training window (left at 1024 with init_from=RUN: the run's)",
                               bounds=at_least(1)),
     )

@@ -26,6 +26,7 @@ from lm.models.gpt import GPT, GPTConfig, flops_per_token
 from lm.train.experiment import Evaluator, Experiment
 
 TOKENIZER_FILE = "tokenizer.json"
+TEMPLATE_FILE = "chat_template.json"  # in a post-training run's folder: its template's source, special tokens, name
 TOKEN_SOURCES = ("token_file", "synthetic")  # data.dataset values that give token ids (a tokenizer optional)
 SOURCE = "source"  # data.dataset: the documents of data.source, tokenised with data.tokenizer
 SOURCE_OPTIONS = ("source", "mixture", "val_source", "val_fraction", "text_field", "skip_bad_records")  # the documents
@@ -36,6 +37,10 @@ DATASET_OPTIONS = {  # the data keys (besides dataset) each dataset of configs/b
 }
 TEXT_OPTIONS = ("context_length", "train_fraction")  # what a text corpus (text_data) reads
 GPT2_TOKENIZER = "gpt2"  # data.tokenizer: GPT-2's own (lm/data/bpe.py from_gpt2), a source's default
+NAMED_TOKENIZERS = {  # data.tokenizer names that need no file
+    GPT2_TOKENIZER: bpe.BPETokenizer.from_gpt2,
+    "bytes": bpe.BPETokenizer.bytes_only,  # a byte-level BPE with no merges: 257 ids
+}
 GPT2_VOCAB_SIZE = 50257  # GPT-2's BPE: data.vocab_size 0 for ids without a tokenizer
 ENCODE_BATCH = 4096  # documents a tokenizer call encodes (in parallel)
 TOKENIZER_FORMAT = "a tokenizer.json as lm prepare writes it"
@@ -176,9 +181,15 @@ class LanguageModel(Experiment):
         return benchmark_evaluators(spec, self.config.eval.every, scorer)
 
     def save_assets(self, workdir: pathlib.Path) -> None:
+        """The data cache, the tokenizer (TOKENIZER_FILE) and a post-training run's chat template (TEMPLATE_FILE):
+        sampling and export read them there, not data.tokenizer's or data.chat_template's file, which may have
+        moved or changed since."""
         super().save_assets(workdir)
         if self.tokenizer is not None:  # token ids without data.tokenizer: nothing to decode them with
             self.tokenizer.save(workdir / TOKENIZER_FILE)
+        if (template := self.chat_template) is not None:
+            runs.write_json(workdir / TEMPLATE_FILE, {"name": template.name, "source": template.source,
+                                                      "special_tokens": template.special_tokens})
 
     def export_vocabulary(self) -> tuple[int, bpe.BPETokenizer | None]:
         """The model's vocabulary, and its byte-level BPE (written into the exported folder); a character
@@ -207,10 +218,12 @@ class LanguageModel(Experiment):
         return self.chat_template.render(chat.pair_messages(text, "")[:1], add_generation_prompt=True)
 
     def texts(self, params) -> dict[str, str]:
+        """The sample prompt continued; with a chat template, as a user message (chat_prompt) and the reply."""
         s = self.config.sample
         if self.tokenizer is None or not s.max_new_tokens:
             return {}  # token ids: no text to show; or no sample asked for
-        return {"sample": self.sample(params, s.prompt, s.max_new_tokens, s.temperature, s.top_k)}
+        prompt = s.prompt if self.chat_template is None else self.chat_prompt(s.prompt)
+        return {"sample": self.sample(params, prompt, s.max_new_tokens, s.temperature, s.top_k)}
 
     def final_results(self, params, evaluate, workdir: pathlib.Path) -> dict[str, float]:
         """Val cross-entropy in windows of each eval.context_lengths, e.g. twice the training length to
@@ -318,7 +331,8 @@ def from_init_run(config: ml_collections.ConfigDict, reads: tuple[str, ...] = ("
     taken = {}
     if (there.get("tokenizer") and "tokenizer" in reads and left_at_default(d, "tokenizer")
             and (folder / TOKENIZER_FILE).is_file()):
-        taken["tokenizer"] = GPT2_TOKENIZER if there["tokenizer"] == GPT2_TOKENIZER else str(folder / TOKENIZER_FILE)
+        named = there["tokenizer"] in NAMED_TOKENIZERS
+        taken["tokenizer"] = there["tokenizer"] if named else str(folder / TOKENIZER_FILE)
     if isinstance(there.get("context_length"), int) and "context_length" in reads and left_at_default(
             d, "context_length"):
         taken["context_length"] = there["context_length"]
@@ -527,10 +541,10 @@ def unflatten(ids: np.ndarray, offsets: np.ndarray) -> list[np.ndarray]:
 
 
 def token_file_tokenizer(data: ml_collections.ConfigDict) -> bpe.BPETokenizer:
-    """data.tokenizer's tokenizer (gpt2: GPT-2's own); data.vocab_size 0 is set to its vocabulary, another size
-    than its is a UserError."""
-    if data.tokenizer == GPT2_TOKENIZER:
-        tokenizer = bpe.BPETokenizer.from_gpt2()
+    """data.tokenizer's tokenizer (a name of NAMED_TOKENIZERS, else a tokenizer.json); data.vocab_size 0 is set to
+    its vocabulary, another size than its is a UserError."""
+    if data.tokenizer in NAMED_TOKENIZERS:
+        tokenizer = NAMED_TOKENIZERS[data.tokenizer]()
     else:
         tokenizer = bpe.BPETokenizer.load(tokens.find_token_file(data.tokenizer, "data.tokenizer", TOKENIZER_FORMAT))
     data.vocab_size = data.vocab_size or tokenizer.vocab_size

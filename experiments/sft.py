@@ -28,7 +28,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from experiments.language_model import TOKENIZER_FILE, LanguageModel, post_training_data
+from experiments.language_model import TEMPLATE_FILE, TOKENIZER_FILE, LanguageModel, post_training_data
 from lm import runs
 from lm.data import bpe, chat, packing, run_cache, sources
 from lm.errors import UserError
@@ -36,7 +36,6 @@ from lm.errors import UserError
 CACHED_OPTIONS = ("source", "val_source", "val_fraction", "max_records", "prompt_field", "response_field",
                   "messages_field", "chat_template", "skip_bad_records")  # what the encoded conversations depend on
 Conversation = tuple[np.ndarray, np.ndarray]  # (ids (n,) int32, the assistant's mark (n,) float32)
-TEMPLATE_FILE = "chat_template.json"  # in the run folder: the template's source, special tokens and name
 
 
 class SFT(LanguageModel):
@@ -48,14 +47,6 @@ class SFT(LanguageModel):
                  data_cache: run_cache.DataCache | None = None):
         super().__init__(config, tokenizer, data_cache=data_cache, train_rows=[train_rows], chat_template=template)
         self.val_rows = val_rows
-
-    def save_assets(self, workdir: pathlib.Path) -> None:
-        """The language model's, and the chat template (TEMPLATE_FILE): sampling and export read it there, not
-        data.chat_template's file, which may have moved or changed since."""
-        super().save_assets(workdir)
-        template = self.chat_template
-        runs.write_json(workdir / TEMPLATE_FILE, {"name": template.name, "source": template.source,
-                                                  "special_tokens": template.special_tokens})
 
     def train_data(self, batch_size: int, seed: int, shard: tuple[int, int], start_step: int):
         return packing.train_batches(self.train_rows[0], batch_size, seed, shard, start_step)
@@ -72,13 +63,6 @@ class SFT(LanguageModel):
         """val_answer_loss: the mean cross-entropy per assistant token of every held-out conversation."""
         batches = every_row(packing.examples(self.val_rows), self.config.eval.batch_size)
         return {"val_answer_loss": evaluate(batches)["cross_entropy"]}
-
-    def texts(self, params) -> dict[str, str]:
-        """The sample prompt as a user message (chat_prompt) and the model's reply."""
-        s = self.config.sample
-        if not s.max_new_tokens:
-            return {}
-        return {"sample": self.sample(params, self.chat_prompt(s.prompt), s.max_new_tokens, s.temperature, s.top_k)}
 
 
 def every_row(rows: dict[str, np.ndarray], batch_size: int) -> list[dict[str, np.ndarray]]:

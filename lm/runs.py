@@ -5,8 +5,8 @@ init_from of another model name those fields)."""
 import contextlib
 import json
 import pathlib
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, BinaryIO
 
 import ml_collections
 
@@ -46,13 +46,18 @@ def writing(path: pathlib.Path) -> Iterator[None]:
 
 
 def write_whole(path: pathlib.Path, text: str) -> None:
-    """Writes text into path, whole or not at all (a temporary file renamed over it): a run killed meanwhile,
-    or a failed write, leaves the old file; a failed write (a full disk) removes its partial file too, so that it
-    leaves the folder as it was."""
+    """Writes text into path, whole or not at all (write_file_whole)."""
+    write_file_whole(path, lambda f: f.write(text.encode()))
+
+
+def write_file_whole(path: pathlib.Path, write: Callable[[BinaryIO], Any]) -> None:
+    """Writes path with write(the open binary file), whole or not at all (a temporary file renamed over it): a run
+    killed meanwhile, or a failed write, leaves the old file; a failed write (a full disk) removes its partial file
+    too, so that it leaves the folder as it was."""
     partial = path.with_name(f"{path.name}.partial")
     try:
-        with writing(path):
-            partial.write_text(text)
+        with writing(path), partial.open("wb") as f:
+            write(f)
         partial.replace(path)
     except OSError:
         with contextlib.suppress(OSError):

@@ -73,6 +73,22 @@ def test_trained_bpe_round_trips_any_text(trained, tmp_path):
         bpe.BPETokenizer.load(tmp_path / "missing.json")
 
 
+def test_the_byte_tokenizer_has_an_id_a_byte_as_a_bpe_trained_on_nothing(tmp_path):
+    """bytes_only (data.tokenizer=bytes): <|endoftext|> 0 and the 256 bytes, numbered as train([], 257) numbers
+    them, no merges: every text round-trips, one id a UTF-8 byte."""
+    tokenizer = bpe.BPETokenizer.bytes_only()
+    assert tokenizer.vocab_size == 257 and tokenizer.end_of_text_id == 0
+    assert tokenizer.tokenizer.to_str() == bpe.BPETokenizer.train([], 257).tokenizer.to_str()
+    assert sorted(tokenizer.tokenizer.get_vocab().values()) == list(range(257))
+    every_byte = "".join(map(chr, range(0x300))) + "\u4e2d\u6587\U0001f680\ufffd"
+    for text in (CORPUS, UNICODE, every_byte, "123+45", ""):
+        ids = tokenizer.encode(text)
+        end_of_text = bpe.END_OF_TEXT in text  # its 13 characters are one id
+        assert len(ids) == len(text.encode()) - 12 * text.count(bpe.END_OF_TEXT) and (0 in ids) == end_of_text
+        assert tokenizer.decode(ids) == text
+    assert tokenizer.encode("12+3").tolist() == [17, 18, 11, 19]
+
+
 def read_ids(folder: pathlib.Path, meta: dict) -> tuple[np.ndarray, np.ndarray]:
     dtype = TOKEN_DTYPES[meta["token_dtype"]]
     return np.fromfile(folder / "train.bin", dtype), np.fromfile(folder / "val.bin", dtype)

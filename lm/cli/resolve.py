@@ -19,7 +19,8 @@ from lm.runs import CONFIG_FILE, CONFIG_REMEDY, read_json
 if TYPE_CHECKING:  # (the commands import this module before jax, so that --help is quick)
     from lm.train.experiment import Experiment
 
-BUILT_IN = ("language_model", "translation", "image_classification", "masked_lm", "finetune", "sft", "dpo")
+BUILT_IN = ("language_model", "translation", "image_classification", "masked_lm", "finetune", "sft", "dpo",
+            "grpo")
 MODULE_FUNCTIONS = ("build", "from_workdir")
 
 

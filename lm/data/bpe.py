@@ -6,11 +6,11 @@
                  every byte is in the base vocabulary
   decoder        ByteLevel: the characters back to bytes, the bytes to UTF-8 text
 
-A tokenizer comes from OpenAI's GPT-2 files (vocab.json + merges.txt: `from_gpt2`, ids equal to
-Hugging Face's GPT-2 tokenizer), from training on texts (`train`: 256 byte tokens, <|endoftext|> and
-learnt merges), or from a saved tokenizer.json (`load`). Any text round-trips: decode(encode(x)) == x.
-The interface is text.CharTokenizer's (vocab_size, encode, decode, save, load), so the language model
-holds either.
+A tokenizer comes from OpenAI's GPT-2 files (vocab.json + merges.txt: `from_gpt2`, ids equal to Hugging Face's
+GPT-2 tokenizer), from training on texts (`train`: 256 byte tokens, <|endoftext|> and learnt merges), with no
+merges at all (`bytes_only`: an id a byte), or from a saved tokenizer.json (`load`). Any text round-trips:
+decode(encode(x)) == x. The interface is text.CharTokenizer's (vocab_size, encode, decode, save, load), so the
+language model holds either.
 """
 
 import gzip
@@ -98,6 +98,14 @@ class BPETokenizer:
         """GPT-2's tokenizer (50,257 ids) from $LM_DATA_DIR/vocab/gpt2-vocab.json.gz and gpt2-merges.txt."""
         vocab, merges = read_gpt2_files(find_file(GPT2_VOCAB, how=GPT2_HOW), find_file(GPT2_MERGES, how=GPT2_HOW))
         return cls(byte_level_pipeline(models.BPE(vocab, merges)))
+
+    @classmethod
+    def bytes_only(cls) -> "BPETokenizer":
+        """The byte-level BPE with no merges (data.tokenizer=bytes): <|endoftext|> (id 0) and the 256 bytes, 257
+        ids, each as train([], 257) numbers them; every text is its UTF-8 bytes, one id each."""
+        alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())  # (train's order: the byte characters sorted)
+        vocab = {END_OF_TEXT: 0} | {character: i for i, character in enumerate(alphabet, 1)}
+        return cls(byte_level_pipeline(models.BPE(vocab, [])))
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int) -> "BPETokenizer":

@@ -11,24 +11,32 @@
   hf:NAME_OR_DIR[:CONFIG][:SPLIT]  the Hugging Face `datasets` library (pip install -e ".[hf]"): a folder
                                    save_to_disk wrote (load_from_disk), another local folder or file (its
                                    data files: load_dataset), else a Hub dataset, streamed; SPLIT default train
+  synthetic:TASK[:SPLIT]           a generated task whose answers can be checked (nothing read): records with the
+                                   fields prompt, response (what SFT learns) and answer (what a reward checks;
+                                   the response itself here). TASK addition: "123+45" -> "168", two operands of
+                                   2 or 3 digits; reverse: "01234" -> "43210", a string of 3 to 6 digits that
+                                   does not end in 0 (so no answer starts with one). Each task's problems in a
+                                   fixed shuffled order (the same on every machine), split disjointly: test the
+                                   first 2,000, val the next 2,000, train (the default SPLIT) the rest
 
-A Source yields its documents as (where, text) in a fixed order (files in sorted order, records in file
-order; a dataset's records by index), `where` naming the file and the record (`b.jsonl line 7`, `c.parquet
-row 12`, `<tfds folder> train record 3`). Given several fields (a sentence pair's two languages, say) it
-yields (where, the tuple of their texts) instead (a ValueField's field: what its read() makes of the value, a
-conversation's messages say: lm/data/chat.py). A record that gives no document is one UserError naming the
-source, the file and the record: a missing or non-string text field, invalid UTF-8, a line that is not a JSON
-object, an empty file or split, a file that cannot be read (corrupt gzip or parquet: the whole file). With
-skip_bad_records such records (an unreadable file counting as one) are skipped and counted instead; the
-count and the first of them are printed once the source has been read. What concerns the whole source is
-always an error: a spec or GLOB that names nothing, an unknown extension, a TFDS dataset that is not
-prepared, a Hugging Face dataset that needs a network where there is none.
+A Source yields its documents as (where, text) in a fixed order (files in sorted order, records in file order;
+a dataset's records by index), `where` naming the file and the record (`b.jsonl line 7`, `c.parquet row 12`,
+`<tfds folder> train record 3`, `synthetic:addition train record 12`). Given several fields (a sentence pair's
+two languages, say) it yields (where, the tuple of their texts) instead (a ValueField's field: what its read()
+makes of the value, a conversation's messages say: lm/data/chat.py). A record that gives no document is one
+UserError naming the source, the file and the record: a missing or non-string text field, invalid UTF-8, a
+line that is not a JSON object, an empty file or split, a file that cannot be read (corrupt gzip or parquet:
+the whole file). With skip_bad_records such records (an unreadable file counting as one) are skipped and
+counted instead; the count and the first of them are printed once the source has been read. What concerns the
+whole source is always an error: a spec or GLOB that names nothing, an unknown extension, a TFDS dataset that
+is not prepared, a Hugging Face dataset that needs a network where there is none.
 
 shard_documents(documents, index, count) gives process `index` of `count` its share: document i goes to
 process i % count.
 """
 
 import dataclasses
+import functools
 import glob
 import gzip
 import itertools
@@ -40,13 +48,15 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
+import numpy as np
 from absl import logging
 
 from lm.data.files import DATA_DIR_ENV, OFFLINE_ENV
 from lm.errors import UserError
 
 T = TypeVar("T")
-SPEC_FORMS = "files:GLOB, tfds:NAME[/CONFIG][:SPLIT] or hf:NAME_OR_DIR[:CONFIG][:SPLIT] (docs/data.md)"
+SPEC_FORMS = ("files:GLOB, tfds:NAME[/CONFIG][:SPLIT], hf:NAME_OR_DIR[:CONFIG][:SPLIT] or synthetic:TASK[:SPLIT] "
+              "(docs/data.md)")
 SKIP_HINT = "fix or remove it, or pass --config.data.skip_bad_records=True to skip such records"
 HF_INSTALL = "pip install -e \".[hf]\" in the lm repository (or pip install 'datasets>=3,<6')"
 HF_OFFLINE_ENVS = (OFFLINE_ENV, "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")  # any of them set: no network
@@ -85,7 +95,7 @@ class Source:
         self.one_field = isinstance(text_field, str)
         fields = {"data.text_field": text_field} if self.one_field else dict(text_field)
         kind, _, rest = spec.partition(":")
-        openers = {"files": open_files, "tfds": open_tfds, "hf": open_hf}
+        openers = {"files": open_files, "tfds": open_tfds, "hf": open_hf, "synthetic": open_synthetic}
         if kind not in openers or not rest:
             raise UserError(f"{self.name}: use {SPEC_FORMS}")
         self._records: Callable[[], Iterator[Record]] = openers[kind](rest, fields, self.name)
@@ -400,3 +410,59 @@ def hf_reason(e: Exception) -> str:
     if isinstance(e, ConnectionError):
         return f"{reason}; the Hugging Face Hub cannot be reached: run where a network is, or give a local folder"
     return reason
+
+
+# --- synthetic:TASK[:SPLIT] --------------------------------------------------------------------------
+
+
+def addition(index: int) -> tuple[str, str]:
+    """Problem index (of 990 * 990) of the sums a+b, a and b in [10, 999]: ("a+b", the sum)."""
+    a, b = divmod(index, 990)
+    return f"{a + 10}+{b + 10}", str(a + b + 20)
+
+
+def reverse(index: int) -> tuple[str, str]:
+    """Problem index of the digit strings of 3 to 6 digits that do not end in 0, the shorter first: (the
+    string, the string reversed)."""
+    for length in range(3, 7):
+        if index < 9 * 10 ** (length - 1):
+            head, last = divmod(index, 9)
+            digits = f"{head:0{length - 1}d}{last + 1}"
+            return digits, digits[::-1]
+        index -= 9 * 10 ** (length - 1)
+    raise IndexError("reverse has 999,900 problems")
+
+
+SYNTHETIC_TASKS = {"addition": (addition, 990 * 990), "reverse": (reverse, 999_900)}  # (problem(index), count)
+SYNTHETIC_FIELDS = ("prompt", "response", "answer")
+SYNTHETIC_HELD_OUT = {"test": (0, 2000), "val": (2000, 4000)}  # [start, end) of the shuffled order; train: the rest
+SYNTHETIC_SEED = 0  # numpy's RandomState, whose stream numpy keeps the same across versions
+
+
+@functools.cache
+def synthetic_order(task: str) -> np.ndarray:
+    """The problems of task in its fixed shuffled order."""
+    return np.random.RandomState(SYNTHETIC_SEED).permutation(SYNTHETIC_TASKS[task][1])
+
+
+def open_synthetic(rest: str, fields: Fields, name: str) -> Callable[[], Iterator[Record]]:
+    """The records of a synthetic task's split: {prompt, response, answer}, answer the response."""
+    task, _, split = rest.partition(":")
+    split = split or "train"
+    if task not in SYNTHETIC_TASKS or split not in ("train", *SYNTHETIC_HELD_OUT):
+        raise UserError(f"{name}: use synthetic:TASK[:SPLIT], TASK one of {', '.join(SYNTHETIC_TASKS)} and SPLIT "
+                        f"one of train, {', '.join(SYNTHETIC_HELD_OUT)} (default train)")
+    if missing := first_missing(fields, SYNTHETIC_FIELDS):
+        option, field = missing
+        raise UserError(f"{name}: the synthetic task has no field {field!r} (its fields: "
+                        f"{', '.join(SYNTHETIC_FIELDS)}): set --config.{option}")
+    problem, count = SYNTHETIC_TASKS[task]
+    start, end = SYNTHETIC_HELD_OUT.get(split, (max(end for _, end in SYNTHETIC_HELD_OUT.values()), count))
+
+    def records() -> Iterator[Record]:
+        for index, chosen in enumerate(synthetic_order(task)[start:end]):
+            prompt, response = problem(int(chosen))
+            record = {"prompt": prompt, "response": response, "answer": response}
+            yield f"synthetic:{task} {split} record {index}", record_texts(record, fields)
+
+    return records

@@ -21,6 +21,6 @@ from lm.hf import bert, gpt2, llama, vit
 MODULES = (gpt2, llama, vit, bert)
 ARCHITECTURES = {name: module for module in MODULES for name in module.ARCHITECTURES}
 # the experiments whose model is lm's GPT: pretraining, supervised fine-tuning, DPO
-LANGUAGE_MODELS = ("language_model", "sft", "dpo")
+LANGUAGE_MODELS = ("language_model", "sft", "dpo", "grpo")
 # experiment -> the architectures it exports as, in order of preference
 EXPORTS = {**dict.fromkeys(LANGUAGE_MODELS, (gpt2, llama)), "image_classification": (vit,), "masked_lm": (bert,)}

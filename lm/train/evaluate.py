@@ -42,9 +42,9 @@ class Evaluations:
             in_shardings=(params_shardings, sharding.batch_sharding(setup.mesh)),
         ), "eval step")
         self.eval_batches = list(experiment.eval_data())
-        self.evaluators = [Evaluator("eval", setup.config.eval.every,
-                                     lambda params: self.evaluate_batches(params, self.eval_batches)),
-                           *experiment.evaluators()]
+        own = [Evaluator("eval", setup.config.eval.every,
+                         lambda params: self.evaluate_batches(params, self.eval_batches))] if self.eval_batches else []
+        self.evaluators = [*own, *experiment.evaluators()]
 
     def evaluate_batches(self, params, batches, what: str = "eval") -> Evaluation:
         """Weighted mean metrics (per real token, say, not per padded batch) of global batches, and the

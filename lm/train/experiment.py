@@ -83,17 +83,28 @@ class Experiment(abc.ABC):
 
     @abc.abstractmethod
     def eval_data(self) -> Iterable[Batch]:
-        """The fixed eval batches, whole (every process reads them; each feeds its devices' rows)."""
+        """The fixed eval batches, whole (every process reads them; each feeds its devices' rows); none: the
+        trainer's own `eval` is left out (an experiment whose evaluators say all there is to say)."""
 
     @abc.abstractmethod
     def flops_per_example(self, active_params: int) -> float:
         """Training FLOPs (forward + backward) for one example."""
 
     def batch_variants(self, batch: dict[str, jax.ShapeDtypeStruct]) -> list[dict[str, jax.ShapeDtypeStruct]]:
-        """The shapes of every training batch train_data can yield, from those of one (global) batch:
-        [batch] for data of one shape (the default); one per length bucket for bucketed data. The
-        trainer compiles the train step for all of them at the start, in parallel."""
+        """The shapes of every batch the train step can get (rollout's of train_data's), from those of one global
+        batch of train_data: [batch] for data of one shape (the default); one per length bucket for bucketed
+        data. The trainer compiles the train step for all of them at the start, in parallel."""
         return [batch]
+
+    def rollout(self, params: Any, batches: tuple[dict[str, jax.Array], ...], step: int
+                ) -> tuple[tuple[dict[str, jax.Array], ...], dict[str, float]]:
+        """The batches the train step trains on, from the global batches train_data gave for steps step, step + 1,
+        ... (on the devices) and the params of step (sharded as in training), with metrics of their making to log
+        beside the step's (host floats). Online reinforcement learning samples its training batches from the
+        policy here (experiments/grpo.py); the trainer calls it before every dispatch, outside the jitted step.
+        Default: the batches as they are, no metrics."""
+        del params, step  # (offline data: nothing to make)
+        return batches, {}
 
     def eval_weight(self, batch: Batch) -> jax.Array:
         """How much a batch counts in the eval means; jittable. Default: its examples (the leading

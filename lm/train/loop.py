@@ -365,7 +365,7 @@ class Trainer:
         pending: list[dict] = []  # metrics (n,) of each dispatch since the last log line
         unchecked: list[tuple[int, jax.Array]] = []  # (first step, (n,) nonfinite flags) since the last check
         skipped = 0
-        interval_start, interval_steps = time.perf_counter(), 0
+        interval_start, interval_steps, rollout_seconds = time.perf_counter(), 0, 0.0
         eta = RunEta(tcfg.num_steps)
         stopping = False
         stable_end = decay_start(self.config.optimizer)  # a WSD run saves its last stable step
@@ -375,13 +375,15 @@ class Trainer:
         while step < tcfg.num_steps and not stopping:
             stop_at = stable_end if stable_end is not None and step < stable_end < tcfg.num_steps else tcfg.num_steps
             count = steps_until_boundary(step, tcfg.steps_per_dispatch, stop_at, boundaries)
-            batch_group = tuple(next(batches) for _ in range(count))
+            rollout_start = time.perf_counter()  # (online experiments make their batches with the params)
+            batch_group, made = experiment.rollout(state.params, tuple(next(batches) for _ in range(count)), step)
+            rollout_seconds += time.perf_counter() - rollout_start
             interval_start += profile.before(step, count, state)  # (the profiler's own time is not training time)
             compile_seconds = self.train_step.seconds
             with jax.profiler.StepTraceAnnotation("train", step_num=step):
                 state, metrics = self.train_step(state, batch_group)
             interval_start += self.train_step.seconds - compile_seconds  # compiling is not training time
-            pending.append(metrics)
+            pending.append({**metrics, **{name: np.full(count, value) for name, value in made.items()}})
             unchecked.append((step + 1, metrics["nonfinite"]))
             step += count
             interval_start += profile.after(step, (state, metrics))
@@ -398,9 +400,11 @@ class Trainer:
             if print_now:
                 scalars = mean_metrics(pending)
                 step_time = (time.perf_counter() - interval_start) / interval_steps
+                train_time = step_time - rollout_seconds / interval_steps  # without making the batches
                 scalars.update(
                     steps_per_second=1 / step_time,
                     **{f"{experiment.unit}_per_second": units_per_step / step_time},
+                    **({f"train_{experiment.unit}_per_second": units_per_step / train_time} if rollout_seconds else {}),
                     **({"mfu": flops_per_step / step_time / peak} if peak else {}),
                     **device_memory(mesh.local_devices),
                 )
@@ -413,11 +417,11 @@ class Trainer:
                 print(line.removesuffix(" | ") if left is None else f"{line}ETA {format_duration(left)}")
             if log_now:
                 pending = []
-                interval_start, interval_steps = time.perf_counter(), 0
+                interval_start, interval_steps, rollout_seconds = time.perf_counter(), 0, 0.0
             evaluated = self.evaluate(step, state, time.perf_counter() - loop_start)
             if evaluated:
                 last_eval = {**last_eval, **evaluated}
-                interval_start, interval_steps = time.perf_counter(), 0
+                interval_start, interval_steps, rollout_seconds = time.perf_counter(), 0, 0.0
             if save_now:
                 self.checkpointer.save(step, state)
         if step == tcfg.num_steps == 0 and self.checkpointer.manager.latest_step() is None:
