@@ -34,9 +34,10 @@ def sample_logits(logits: jax.Array, rng: jax.Array, temperature: float, top_k: 
     return jax.random.categorical(rng, logits, axis=-1)
 
 
-def empty_cache(model: GPT, batch_size: int):
-    """Zeroed KV cache variables for batch_size sequences of the model's context length."""
-    tokens = jnp.zeros((batch_size, model.config.context_length), jnp.int32)
+def empty_cache(model: GPT, batch_size: int, length: int | None = None):
+    """Zeroed KV cache variables for batch_size sequences of `length` positions (None: the model's context
+    length)."""
+    tokens = jnp.zeros((batch_size, length or model.config.context_length), jnp.int32)
     shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), tokens, decode=True)["cache"])
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
