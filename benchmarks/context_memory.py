@@ -4,10 +4,11 @@
 
 Compiles, as `lm train --dry_run` does (lm.train.dry_run, on 8 host-platform devices), the train step of a small
 GPT (configs/gpt2.py:test: 2 layers, width 64, 4 heads, float32, learned positions) at one row of --context tokens
-for each `mesh.context` of --shards (data = 1) and each form of `model.context_parallel` (all_gather, ring), and
-prints per device XLA's memory analysis of the step: temporaries (the activations), arguments, and the temporaries'
-ratio to one device's. Then looks in the optimized HLO of the ring step on the most shards for whether its
-collective-permutes are asynchronous (a start and a done with the block's computation scheduled between them).
+for each `mesh.context` of --shards (data = 1) and each form of `model.context_parallel` (all_gather, ring,
+ring_zigzag), and prints per device XLA's memory analysis of the step: temporaries (the activations), arguments, and
+the temporaries' ratio to one device's. Then looks in the optimized HLO of the ring step on the most shards for
+whether its collective-permutes are asynchronous (a start and a done with the block's computation scheduled between
+them).
 Writes the table to --out (default benchmarks/results/context_memory.json) as json.
 """
 
@@ -26,7 +27,7 @@ from absl import app, flags, logging  # noqa: E402
 _CONTEXT = flags.DEFINE_integer("context", 32768, "Tokens in the one row of the batch.")
 _SHARDS = flags.DEFINE_list("shards", ["1", "2", "4", "8"], "The mesh.context sizes.")
 _OUT = flags.DEFINE_string("out", "benchmarks/results/context_memory.json", "Where the json goes.")
-FORMS = ("all_gather", "ring")
+FORMS = ("all_gather", "ring", "ring_zigzag")
 
 
 def config_for(context: int, shards: int, form: str):

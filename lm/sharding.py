@@ -96,13 +96,16 @@ def check_batch(batch_size: int, grad_accum_steps: int, mesh: Mesh) -> None:
         raise UserError(f"train.batch_size={batch_size} is not divisible by {jax.process_count()} hosts")
 
 
-def check_context(length: int | None, mesh: Mesh) -> None:
-    """Raises UserError where the mesh's context axis does not divide the sequence length (None: a model whose
-    length its attention checks when traced)."""
+def check_context(length: int | None, mesh: Mesh, per_device: int = 1) -> None:
+    """Raises UserError where the sequence length (None: a model whose length its attention checks when traced)
+    does not split over the mesh's context axis into per_device chunks on each device (2: the zig-zag layout of
+    model.context_parallel=ring_zigzag)."""
     shards = mesh.shape["context"]
-    if length is not None and length % shards:
-        raise UserError(f"data.context_length={length} cannot be split over the {shards} devices of mesh.context; "
-                        f"make it a multiple of {shards} or change mesh.context")
+    pieces = shards * per_device if shards > 1 else 1
+    if length is not None and length % pieces:
+        chunks = f" as {per_device} chunks each" if per_device > 1 else ""
+        raise UserError(f"data.context_length={length} cannot be split over the {shards} devices of mesh.context"
+                        f"{chunks}; make it a multiple of {pieces} or change mesh.context")
 
 
 def logical_rules(config_rules) -> list[tuple]:

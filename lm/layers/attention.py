@@ -12,11 +12,14 @@ qk_norm: RMSNorm over each head's queries and keys (one scale of Dh per projecti
 All paths give the same output.
 
 Context parallel (a mesh whose 'context' axis the rules give the activations' sequence dimension, 'length'):
-each device holds a contiguous chunk of every row's queries, keys and values, and self-attention takes one of
-two forms (CONTEXT_PARALLEL). all_gather: the keys and values are gathered over the axis (Llama 3's form), so
-each device attends from its queries to the whole row. ring: the blocks of keys and values go round the axis
-(ppermute), each device merging its queries' scores over the blocks with an online softmax (ring_attention).
-Masks, biases and positions are those of the whole row, so the output is one device's. Both run on XLA.
+each device holds a chunk of every row's queries, keys and values, and self-attention takes one of three forms
+(CONTEXT_PARALLEL). all_gather: the keys and values are gathered over the axis (Llama 3's form), so each device
+attends from its queries to the whole row. ring: the blocks of keys and values go round the axis (ppermute),
+each device merging its queries' scores over the blocks with an online softmax (ring_attention). ring_zigzag:
+the ring over the zig-zag layout (layout_order), in which device i holds the chunks i and 2n-1-i of the row's 2n,
+so that under a causal mask every device needs half of each other device's block (ZIGZAG_QUARTERS), the same
+work everywhere; the model puts its tokens in that order at its entry (context_order) and back at its exit.
+Masks, biases and positions are those of the whole row, so the output is one device's. All run on XLA.
 """
 
 import math
@@ -26,6 +29,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from lm.errors import UserError
 from lm.layers.linear import Linear
@@ -38,7 +42,15 @@ ACTIVATION_AXES = ("batch", "length", "heads", "kv")
 GATHERED_AXES = ("batch", None, "heads", "kv")  # keys and values under context parallelism: the whole row
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash")
 CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
-CONTEXT_PARALLEL = ("all_gather", "ring")  # the forms of self-attention over a sequence split over devices
+CONTEXT_PARALLEL = ("all_gather", "ring", "ring_zigzag")  # the forms of self-attention over a split sequence
+RING_LAYOUTS = {"ring": "contiguous", "ring_zigzag": "zigzag"}  # the ring forms' layouts of the row (layout_order)
+# Under a causal mask, the quarters (query half, key half) of the block from another device that the zig-zag ring
+# computes, the others being masked throughout: (from an earlier device, from a later one). Device i holds chunks i
+# and 2n-1-i; an earlier device's chunk j < i comes before both of them (its chunk 2n-1-j after both), and a later
+# device's chunks j > i and 2n-1-j both come before 2n-1-i and after i. The block from the device itself is computed
+# whole, and so is every block of the contiguous ring: its hops run in lockstep and each has a device with a whole
+# block to compute, so skipping would save no time.
+ZIGZAG_QUARTERS = ({(0, 0), (1, 0)}, {(1, 0), (1, 1)})
 
 
 SOFTCAP_NEED = "attention scores without a soft-cap (jax.nn.dot_product_attention's cuDNN path takes none)"
@@ -54,6 +66,45 @@ def context_shards() -> int:
     sizes = dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True))
     (axes,) = mesh_axes(("length",))
     return math.prod(sizes[axis] for axis in axes)
+
+
+def chunks_per_device(form: str) -> int:
+    """The pieces of the row each device of the context axis holds under model.context_parallel=form: 2 for the
+    zig-zag layout, else 1 (the sequence length must be a multiple of this times the devices)."""
+    return 2 if RING_LAYOUTS.get(form) == "zigzag" else 1
+
+
+def check_split(length: int, shards: int, form: str) -> None:
+    """UserError where a row of `length` tokens does not split over the `shards` devices of the context axis in
+    the layout of model.context_parallel=form."""
+    per_device = chunks_per_device(form)
+    if length % (shards * per_device):
+        layout = f" as {per_device} chunks each (model.context_parallel={form})" if per_device > 1 else ""
+        raise UserError(f"a sequence of {length} tokens cannot be split over the {shards} devices of mesh.context"
+                        f"{layout}; make the sequence length a multiple of {shards * per_device} or change "
+                        "mesh.context")
+
+
+def layout_order(length: int, shards: int, layout: str) -> np.ndarray:
+    """(length,) the index in the row of the token at each place of the layout; device d of the `shards` holds
+    places [d * length / shards, (d + 1) * length / shards). contiguous: the row as it is. zigzag: the row cut
+    into 2 * shards chunks, device d holding chunk d then chunk 2 * shards - 1 - d (under a causal mask every
+    device then has the same work: an early chunk with little to attend to and a late one with much)."""
+    if layout == "contiguous":
+        return np.arange(length)
+    pieces = 2 * shards
+    chunks = np.arange(length).reshape(pieces, length // pieces)
+    return np.concatenate([chunks[[d, pieces - 1 - d]].ravel() for d in range(shards)])
+
+
+def context_order(length: int, form: str) -> np.ndarray | None:
+    """The order a model puts its row of `length` tokens in before its Transformer for model.context_parallel=form
+    under the mesh in scope (layout_order), or None: the row's own (no zig-zag layout, or no context axis)."""
+    shards = context_shards()
+    if chunks_per_device(form) == 1 or shards == 1:
+        return None
+    check_split(length, shards, form)
+    return layout_order(length, shards, RING_LAYOUTS[form])
 
 
 def attention_implementation(requested: str, platform: str, dtype, head_dim: int, lengths: tuple[int, int],
@@ -179,48 +230,91 @@ def weighted_values(weights: jax.Array, v: jax.Array) -> jax.Array:
 
 
 def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array, segment_ids: jax.Array | None,
-                   causal: bool, alibi: bool, softcap: float = 0.0, scale: float | None = None) -> jax.Array:
+                   causal: bool, alibi: bool, softcap: float = 0.0, scale: float | None = None,
+                   layout: str = "contiguous") -> jax.Array:
     """Self-attention with the sequence split over the mesh axes of 'length' (the context axis), by ring:
-    q (B, T, H, Dh), k and v (B, T, K, Dh), positions (T,) or (B, T), segment_ids (B, T) or None -> (B, T, H, Dh).
-    Each device keeps its chunk of queries; the chunks of keys and values (with their positions and segment
-    ids) go round the axis, one step per device, and each block's scores merge into a running maximum,
-    denominator and weighted sum (the online softmax). causal masks by index within the row, as the fused path;
-    alibi biases the scores by the query and key positions. The other mesh axes stay with XLA."""
+    q (B, T, H, Dh), k and v (B, T, K, Dh), positions (T,) or (B, T), segment_ids (B, T) or None -> (B, T, H, Dh),
+    the tokens in the order of `layout` (layout_order: contiguous, or zigzag). Each device keeps its chunk of
+    queries; the chunks of keys and values (with their positions and segment ids) go round the axis, one step per
+    device, and each block's scores merge into a running maximum, denominator and weighted sum (the online
+    softmax). causal masks by index within the row, as the fused path; in the zig-zag layout only the two quarters
+    of another device's block that ZIGZAG_QUARTERS names are computed, half the block: one the same whichever
+    device it is, the other picked (jnp.where) by whether that device comes before this one. alibi biases the
+    scores by the query and key positions. The other mesh axes stay with XLA."""
     (axes,) = mesh_axes(("length",))
-    sizes = dict(zip(jax.sharding.get_abstract_mesh().axis_names, jax.sharding.get_abstract_mesh().axis_sizes,
-                     strict=True))
-    shards = math.prod(sizes[axis] for axis in axes)
+    shards = context_shards()
     batch, length, num_heads = q.shape[:3]
     rows = (batch, length)
     positions = jnp.broadcast_to(positions, rows)
     segments = jnp.zeros(rows, jnp.int32) if segment_ids is None else segment_ids
-    minimum = jnp.finfo(jnp.float32).min
+    order = jnp.asarray(layout_order(length, shards, layout))  # the index in the row of each place
+    chunk = length // shards
+    balanced = causal and layout == "zigzag"
+
+    def half(tree, which: int):  # the first (0) or second (1) half of the chunk: every leaf's axis 1
+        return jax.tree.map(lambda a: a[:, which * chunk // 2:(which + 1) * chunk // 2], tree)
+
+    def with_half(tree, which: int, new):
+        return jax.tree.map(lambda a, b: a.at[:, which * chunk // 2:(which + 1) * chunk // 2].set(b), tree, new)
+
+    def merge(state, queries, keys):
+        """The running (maximum, denominator, sum) (B, t', H), (B, t', H), (B, t', H, Dh) of the queries (q, positions,
+        segments, indices in the row) with the scores against the keys (k, v, positions, segments, indices)."""
+        (q, query_positions, query_segments, query_index), (k, v, key_positions, key_segments, key_index) = \
+            queries, keys
+        mask = query_segments[:, :, None] == key_segments[:, None, :]  # (B, t', s')
+        if causal:
+            mask = jnp.logical_and(mask, key_index[:, None, :] <= query_index[:, :, None])
+        bias = alibi_bias(num_heads, query_positions, key_positions, causal) if alibi else None
+        logits = attention_scores(q, k, bias, mask[:, None], softcap, scale)  # (B, H, t', s')
+        peak, total, out = state
+        new_peak = jnp.maximum(peak, logits.max(axis=-1).transpose(0, 2, 1))
+        weights = jnp.exp(logits - new_peak.transpose(0, 2, 1)[..., None])
+        rescale = jnp.exp(peak - new_peak)
+        out = out * rescale[..., None] + weighted_values(weights, v).astype(jnp.float32)
+        return new_peak, total * rescale + weights.sum(axis=-1).transpose(0, 2, 1), out
+
+    def merge_half(state, queries, keys, before):
+        """merge of the half of the keys' block that ZIGZAG_QUARTERS names, from a device before this one or not:
+        the quarters both cases need, then one of each case's own, picked."""
+        earlier, later = ZIGZAG_QUARTERS
+        for part_q, part_k in sorted(earlier & later):
+            state = with_half(state, part_q, merge(half(state, part_q), half(queries, part_q), half(keys, part_k)))
+
+        def pick(if_before, if_after):
+            return jax.tree.map(lambda a, b: jnp.where(before, a, b), if_before, if_after)
+
+        for (q_before, k_before), (q_after, k_after) in zip(sorted(earlier - later), sorted(later - earlier),
+                                                              strict=True):
+            merged = merge(pick(half(state, q_before), half(state, q_after)),
+                           pick(half(queries, q_before), half(queries, q_after)),
+                           pick(half(keys, k_before), half(keys, k_after)))
+            state = with_half(state, q_before, pick(merged, half(state, q_before)))
+            state = with_half(state, q_after, pick(half(state, q_after), merged))
+        return state
 
     def per_device(q, k, v, positions, segments):  # this device's chunk of t tokens
-        chunk = q.shape[1]
         here = jax.lax.axis_index(axes)
-        query_index = here * chunk + jnp.arange(chunk)
-        peak = jnp.full((batch, num_heads, chunk), minimum)
-        total = jnp.zeros((batch, num_heads, chunk))
-        out = jnp.zeros(q.shape, jnp.float32)
+
+        def index(device):  # (B, t): the index in the row of the device's tokens
+            return jnp.broadcast_to(jax.lax.dynamic_slice_in_dim(order, device * chunk, chunk), segments.shape)
+
+        queries = (q, positions, segments, index(here))
+        state = (jnp.full((batch, chunk, num_heads), jnp.finfo(jnp.float32).min),  # running maximum
+                 jnp.zeros((batch, chunk, num_heads)),  # denominator
+                 jnp.zeros(q.shape, jnp.float32))  # weighted sum of the values
         block = (k, v, positions, segments)
         for step in range(shards):  # the block of device here - step
-            k_block, v_block, key_positions, key_segments = block
-            key_index = (here - step) % shards * chunk + jnp.arange(chunk)
-            mask = (segments[:, :, None] == key_segments[:, None, :])[:, None]  # (B, 1, t, t)
-            if causal:
-                mask = jnp.logical_and(mask, causal_mask(query_index, key_index))
-            bias = alibi_bias(num_heads, positions, key_positions, causal) if alibi else None
-            logits = attention_scores(q, k_block, bias, mask, softcap, scale)  # (B, H, t, t)
-            new_peak = jnp.maximum(peak, logits.max(axis=-1))
-            weights = jnp.exp(logits - new_peak[..., None])
-            rescale = jnp.exp(peak - new_peak)
-            total = total * rescale + weights.sum(axis=-1)
-            out = out * rescale.transpose(0, 2, 1)[..., None] + weighted_values(weights, v_block).astype(jnp.float32)
-            peak = new_peak
+            source = (here - step) % shards
+            keys = (*block, index(source))
+            if step == 0 or not balanced:
+                state = merge(state, queries, keys)
+            else:
+                state = merge_half(state, queries, keys, source < here)
             if step + 1 < shards:
                 block = jax.lax.ppermute(block, axes, [(j, (j + 1) % shards) for j in range(shards)])
-        return (out / total.transpose(0, 2, 1)[..., None]).astype(q.dtype)
+        _, total, out = state
+        return (out / total[..., None]).astype(q.dtype)
 
     spec = jax.sharding.PartitionSpec(None, axes)
     return jax.shard_map(per_device, in_specs=(spec,) * 5, out_specs=spec, axis_names=set(axes),
@@ -263,7 +357,9 @@ class MultiHeadAttention(nn.Module):
     norm_epsilon: float = 1e-6  # of qk_norm
     softcap: float = 0.0
     scale: float | None = None  # of the scores q.k; None: 1 / sqrt(head_dim)
-    context_parallel: str = "all_gather"  # self-attention over a sequence split over devices: CONTEXT_PARALLEL
+    # Self-attention over a sequence split over devices: CONTEXT_PARALLEL. With ring_zigzag the caller gives the
+    # tokens (x, positions, segment_ids) in the order of context_order.
+    context_parallel: str = "all_gather"
 
     @nn.compact
     def __call__(
@@ -327,11 +423,11 @@ class MultiHeadAttention(nn.Module):
             bias = alibi_bias(self.num_heads, positions, key_positions, self.causal)
 
         shards = context_shards()
-        ring = shards > 1 and self.context_parallel == "ring" and self_attention and cache_index is None
+        layout = RING_LAYOUTS.get(self.context_parallel)
+        ring = shards > 1 and layout is not None and self_attention and cache_index is None
         if shards > 1:
-            if cache_index is None and length % shards:
-                raise UserError(f"a sequence of {length} tokens cannot be split over the {shards} devices of "
-                                f"mesh.context; make the sequence length a multiple of {shards} or change mesh.context")
+            if cache_index is None:
+                check_split(length, shards, self.context_parallel)
             if not ring:  # the all-gather form: this device's queries see the whole row's keys and values
                 k, v = (constrain(y, GATHERED_AXES) for y in (k, v))
 
@@ -344,10 +440,10 @@ class MultiHeadAttention(nn.Module):
         )
         if ring:
             if explicit or mask is not None:
-                raise UserError("model.context_parallel=ring takes no attention dropout, captured weights or mask "
-                                "array (padding); use model.context_parallel=all_gather")
+                raise UserError(f"model.context_parallel={self.context_parallel} takes no attention dropout, captured "
+                                "weights or mask array (padding); use model.context_parallel=all_gather")
             out = ring_attention(q, k, v, positions, segment_ids, use_causal_flag, self.position == "alibi",
-                                 self.softcap, self.scale)
+                                 self.softcap, self.scale, layout)
         elif explicit or (self.softcap and implementation == "xla"):  # jax.nn.dot_product_attention takes no cap
             if use_causal_flag:  # by index, as the fused path's is_causal (packed rows restart their positions)
                 mask = combine_masks(mask, causal_mask(jnp.arange(length), jnp.arange(k.shape[1])))

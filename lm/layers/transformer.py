@@ -142,8 +142,10 @@ class TransformerConfig:
     attention_impl: str = option("auto", "fused attention: auto = cuDNN on GPU, splash on TPU where they apply "
                                          "(lm.layers.attention.attention_implementation)", choices=ATTENTION_IMPLS)
     context_parallel: str = option("all_gather", "self-attention over a sequence split over mesh.context: "
-                                                 "all_gather the keys and values, or pass them round a ring "
-                                                 "(docs/long-context.md)", choices=CONTEXT_PARALLEL)
+                                                 "all_gather the keys and values, pass them round a ring, or "
+                                                 "ring_zigzag: the ring over chunks i and 2n-1-i on device i, the "
+                                                 "same causal work on every device (docs/long-context.md)",
+                                   choices=CONTEXT_PARALLEL)
     scan_layers: bool = option(False, "one nn.scan over the layers (compiles one layer, not num_layers)")
     remat: str = option("none", "activations recomputed in the backward pass: see REMAT_POLICIES",
                         choices=tuple(REMAT_POLICIES))
@@ -185,6 +187,9 @@ class TransformerConfig:
                 raise UserError(f"model.moe.every={moe.every}: use 1..num_layers={self.num_layers}")
             if moe.capacity_factor <= 0:
                 raise UserError(f"model.moe.capacity_factor={moe.capacity_factor} must be positive")
+        if self.context_parallel == "ring_zigzag" and moe.num_experts:
+            raise UserError("model.context_parallel=ring_zigzag reorders each row's tokens, and mixture-of-experts "
+                            "layers fill their experts' slots in the row's order: use context_parallel=ring")
         if self.scan_layers and self.num_layers % self.layer_period:
             raise UserError(
                 f"model.scan_layers needs model.num_layers={self.num_layers} to be a multiple of "

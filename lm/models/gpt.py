@@ -19,6 +19,10 @@ never exist at once.
 Rows of packed documents (lm/data/packing.py) come with segment_ids (B, T) and positions (B, T): a
 token attends only to the earlier tokens of its own document, and its position (for the learned table
 and RoPE) counts from the document's start, so each document's logits are those it has alone.
+
+With model.context_parallel=ring_zigzag on a mesh with a context axis, the model puts the tokens, their positions,
+segment ids and targets in the zig-zag order (lm.layers.attention.context_order) before the Transformer, so that
+the context axis splits them in balanced chunks, and its per-token outputs back in the row's order after it.
 """
 
 import dataclasses
@@ -28,10 +32,13 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from lm.errors import UserError
+from lm.layers.attention import context_order
 from lm.layers.embedding import embed
 from lm.layers.heads import LMHead
+from lm.layers.partitioning import constrain
 from lm.layers.transformer import TransformerConfig, TransformerStack
 from lm.losses import cross_entropy
 
@@ -89,6 +96,16 @@ class GPT(nn.Module):
             if not self.is_initializing():
                 index.value = cache_index + tokens.shape[1]
 
+        order = None if decode else context_order(tokens.shape[1], blocks.context_parallel)
+        if order is not None:  # the zig-zag layout of the context axis (module docstring)
+            tokens, positions = tokens[:, order], positions[..., order]
+            segment_ids = None if segment_ids is None else segment_ids[:, order]
+            length = tokens.shape[1]
+            if logit_positions is not None:  # b * T + t, row b's token t, is now at b * T + (the place of t)
+                logit_positions = logit_positions // length * length + jnp.asarray(np.argsort(order))[
+                    logit_positions % length]
+            elif targets is not None:
+                targets = targets[:, order]
         x, token_embed = embed(tokens, positions, cfg.padded_vocab_size, cfg.context_length, blocks,
                                cfg.scale_embeddings, train)  # (B, T, D)
         x = TransformerStack(blocks, causal=True, name="decoder")(
@@ -104,11 +121,11 @@ class GPT(nn.Module):
             chosen = jnp.take(x.reshape(-1, x.shape[-1]), logit_positions, axis=0)  # (N, c, D)
             return self._reduced_logits(chosen, targets, head, logits_reduce)
         if targets is None:
-            return head(x)
+            return in_row_order(head(x), order)
         per_token = logits_reduce or cross_entropy
         if not cfg.loss_chunk:
-            return per_token(head(x), targets)
-        return self._chunked_per_token(x, targets, head, per_token)
+            return in_row_order(per_token(head(x), targets), order)
+        return in_row_order(self._chunked_per_token(x, targets, head, per_token), order)
 
     def _reduced_logits(self, hidden: jax.Array, targets: jax.Array, head: LMHead,
                         reduce: Callable[[jax.Array, jax.Array], Any]) -> Any:
@@ -143,6 +160,16 @@ class GPT(nn.Module):
         scan = nn.scan(nn.remat(body, prevent_cse=False), variable_broadcast="params", split_rngs={"params": False})
         _, chunked = scan(self, None, (by_chunk(x), by_chunk(targets)))  # leaves (T / c, B, c)
         return jax.tree.map(lambda leaf: leaf.swapaxes(0, 1).reshape(batch, length), chunked)
+
+
+def in_row_order(tree: Any, order: np.ndarray | None) -> Any:
+    """Leaves (B, T, ...) whose tokens are in `order` (the index in the row of each place; None: the row's own)
+    put back in the row's order, the rows and tokens split as the activations' (the rest as XLA likes)."""
+    if order is None:
+        return tree
+    free = jax.sharding.PartitionSpec.UNCONSTRAINED
+    return jax.tree.map(lambda leaf: constrain(leaf[:, np.argsort(order)], ("batch", "length")
+                                               + (free,) * (leaf.ndim - 2)), tree)
 
 
 def flops_per_token(config: GPTConfig, active_params: int) -> float:

@@ -24,6 +24,7 @@ from jax.sharding import Mesh
 
 from lm import sharding
 from lm.errors import UserError
+from lm.layers.attention import chunks_per_device
 from lm.runs import CHECKPOINTS_DIR
 from lm.train.checkpoint import Checkpointer
 from lm.train.experiment import Experiment
@@ -232,7 +233,8 @@ def build(config: ml_collections.ConfigDict, make_experiment: MakeExperiment,
         print(warning)
     mesh = sharding.make_mesh(config.mesh.to_dict(), devices)
     sharding.check_batch(config.train.batch_size, config.train.grad_accum_steps, mesh)
-    sharding.check_context(config.get("data", {}).get("context_length"), mesh)
+    sharding.check_context(config.get("data", {}).get("context_length"), mesh,
+                           chunks_per_device(config.get("model", {}).get("context_parallel", "all_gather")))
     rules = sharding.logical_rules(config.sharding_rules)
     experiment = make_experiment(config, workdir)
     config = experiment.config  # with what it derived from its data (lm/train/experiment.py)
