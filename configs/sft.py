@@ -20,10 +20,10 @@ Variants (pick one after the colon):
          GPT pretrained there (its commands make runs/corpus_gpt_256: a 4,096-id BPE of the shared corpus,
          context 256).
          lm train --config=configs/sft.py:small --workdir=runs/sft_small --config.init_from=runs/corpus_gpt_256
-  addition  4 layers, 4 heads, 128 wide, byte tokens, context 64, on 300 additions of 2-3 digit numbers
-         (synthetic:addition; held out: its val split), batch 32, 400 steps, AdamW 1e-3: the starting point of the
-         GRPO study of docs/post-training.md (configs/grpo.py:addition), a model that adds some sums right.
-         lm train --config=configs/sft.py:addition --workdir=runs/sft_addition
+  reverse  4 layers, 4 heads, 128 wide, byte tokens, context 64, on 300 digit strings to reverse (synthetic:reverse;
+         held out: its val split), batch 32, 70 steps, AdamW 1e-3: the starting point of the GRPO study of
+         docs/post-training.md (configs/grpo.py:reverse), a model that reverses about a third of the strings.
+         lm train --config=configs/sft.py:reverse --workdir=runs/sft_reverse
   test   2 layers, 32 wide, context 128, the first 64 GSM8K test pairs with GPT-2's tokenizer, 6 steps: seconds on
          a CPU, from a fresh model (for tests and a smoke run).
          lm train --config=configs/sft.py:test --workdir=/tmp/sft_test
@@ -35,7 +35,7 @@ from configs import base
 from lm.layers.options import Range, at_least, declare, option
 from lm.train.options import eval_every_option
 
-VARIANTS = ("gsm8k", "small", "addition", "test")
+VARIANTS = ("gsm8k", "small", "reverse", "test")
 
 
 def record_sources(source: str, val_source: str, val_fraction: float, records: str) -> dict:
@@ -115,14 +115,14 @@ def get_config(variant: str = "gsm8k") -> ml_collections.ConfigDict:
         config.train.update(batch_size=16, num_steps=300, log_every=25, checkpoint_every=300)
         config.eval.update(every=100, batch_size=32, num_batches=8)
         config.sample.max_new_tokens = 96
-    elif variant == "addition":
+    elif variant == "reverse":
         config.model.update(num_layers=4, num_heads=4, num_kv_heads=4, embed_dim=128)
-        config.data.update(source="synthetic:addition", val_source="synthetic:addition:val", max_records=300,
+        config.data.update(source="synthetic:reverse", val_source="synthetic:reverse:val", max_records=300,
                            prompt_field="prompt", response_field="response", tokenizer="bytes", context_length=64)
         config.optimizer.update(learning_rate=1e-3, min_learning_rate=1e-4, warmup_steps=20, weight_decay=0.1)
-        config.train.update(batch_size=32, num_steps=400, log_every=50, checkpoint_every=400)
-        config.eval.update(every=100, batch_size=64, num_batches=4)
-        config.sample.update(prompt="123+456", max_new_tokens=8)
+        config.train.update(batch_size=32, num_steps=70, log_every=10, checkpoint_every=70)
+        config.eval.update(every=35, batch_size=64, num_batches=4)
+        config.sample.update(prompt="12345", max_new_tokens=8)
     elif variant == "test":
         config.model.update(num_layers=2, num_heads=2, num_kv_heads=2, embed_dim=32)
         config.data.update(source="files:gsm8k/test.jsonl", val_source="", val_fraction=0.25, max_records=64,

@@ -59,7 +59,7 @@ def test_reward_metrics_are_the_means_and_the_std_within_groups():
     ({"rl.inner_steps": 2, "train.steps_per_dispatch": 2, "train.log_every": 3}, ["train.log_every=3",
                                                                                   "multiple of rl.inner_steps=2"]),
     ({"rl.max_new_tokens": 40}, ["rl.max_new_tokens=40 leaves no room for a prompt in data.context_length=40"]),
-    ({"data.context_length": 16}, ["synthetic:addition", "record 0", "more than the 8 that data.context_length"]),
+    ({"data.context_length": 16}, ["synthetic:reverse", "record 0", "more than the 8 that data.context_length"]),
     ({"rl.rewards": "answer,nosuchmodule:f"}, ["rl.rewards", "nosuchmodule"]),
 ])
 def test_a_config_grpo_cannot_run_is_one_line(overrides, fragments):
