@@ -50,13 +50,14 @@ import ml_collections
 import numpy as np
 
 from experiments.language_model import LanguageModel, post_training_data
-from experiments.sft import from_workdir  # noqa: F401 (a trained run samples and exports as an SFT run does)
+from experiments.sft import from_workdir, saved_template  # noqa: F401 (from_workdir: a run samples, exports as SFT)
 from lm import rewards as reward_functions
 from lm import runs, sharding
 from lm.data import bpe, chat, sources
 from lm.decode.rollout import sample_completions
 from lm.distributed import host_local, is_primary
 from lm.errors import UserError
+from lm.layers.options import left_at_default
 from lm.losses import cross_entropy, group_advantages, moe_objective, policy_loss
 from lm.models.gpt import flops_per_token
 from lm.train.experiment import Evaluator
@@ -383,7 +384,7 @@ def build(config: ml_collections.ConfigDict, workdir: pathlib.Path | None = None
     config, tokenizer = post_training_data(config)  # (the run's config: init_from's tokenizer, its vocabulary)
     checked(config)
     d, rl = config.data, config.rl
-    template = chat.ChatTemplate.load(d.chat_template, tokenizer)
+    template = chat_template(config, tokenizer)
     rewards = reward_functions.parse_rewards(rl.rewards, settings=reward_settings(config))
     if not d.answer_field and any(reward.name == reward_functions.ACCURACY for reward in rewards):
         raise UserError(f"rl.rewards={rl.rewards}: the answer reward checks the record's data.answer_field, which is "
@@ -408,6 +409,17 @@ def build(config: ml_collections.ConfigDict, workdir: pathlib.Path | None = None
     print(f"prompts: {len(prompts['train'].ids)} to train on, {len(prompts['val'].ids)} held out; the longest "
           f"{width} tokens, completions of up to {rl.max_new_tokens}")
     return GRPO(config, tokenizer, template, prompts, rewards, workdir)
+
+
+def chat_template(config: ml_collections.ConfigDict, tokenizer: bpe.BPETokenizer) -> chat.ChatTemplate:
+    """data.chat_template's; left at its default with init_from=RUN (an SFT run), the run's own (printed)."""
+    location = config.get("init_from", "")
+    folder = runs.run_folder(location) if location and not location.startswith("hf:") else None
+    saved = saved_template(folder) if folder and left_at_default(config.data, "chat_template") else None
+    if saved is None:
+        return chat.ChatTemplate.load(config.data.chat_template, tokenizer)
+    print(f"init_from={location}: its chat template ({saved.name}; set data.chat_template to override)")
+    return saved
 
 
 def reward_settings(config: ml_collections.ConfigDict) -> reward_functions.Settings:

@@ -176,13 +176,18 @@ def from_workdir(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> La
     """The language model of a trained run, for sampling and export: its saved tokenizer and chat template (a
     run folder from before lm kept its template: data.chat_template, loaded again), no data."""
     tokenizer = run_cache.load_saved(workdir / TOKENIZER_FILE, bpe.BPETokenizer.load)
-    if (workdir / TEMPLATE_FILE).is_file():
-        remedy = "delete it to load data.chat_template again"
-        saved = runs.read_json(workdir / TEMPLATE_FILE, remedy)
-        if not {"source", "special_tokens", "name"} <= saved.keys():
-            raise UserError(f"{workdir / TEMPLATE_FILE} is damaged (it lacks the template's source, special tokens "
-                            f"or name): {remedy}")
-        template = chat.ChatTemplate(saved["source"], saved["special_tokens"], saved["name"])
-    else:
-        template = chat.ChatTemplate.load(config.data.chat_template, tokenizer)
+    template = saved_template(workdir) or chat.ChatTemplate.load(config.data.chat_template, tokenizer)
     return LanguageModel(config, tokenizer, chat_template=template)
+
+
+def saved_template(folder: pathlib.Path) -> chat.ChatTemplate | None:
+    """The chat template a post-training run keeps in its folder (TEMPLATE_FILE), or None for a folder without one;
+    a damaged file is a UserError."""
+    path = folder / TEMPLATE_FILE
+    if not path.is_file():
+        return None
+    remedy = "delete it to load data.chat_template again"
+    saved = runs.read_json(path, remedy)
+    if not {"source", "special_tokens", "name"} <= saved.keys():
+        raise UserError(f"{path} is damaged (it lacks the template's source, special tokens or name): {remedy}")
+    return chat.ChatTemplate(saved["source"], saved["special_tokens"], saved["name"])

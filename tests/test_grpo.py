@@ -95,6 +95,22 @@ def test_the_prompts_are_rendered_by_the_template_with_the_assistants_turn_open_
     assert not set(train.where) & set(val.where)
 
 
+def test_prompts_from_an_sft_run_use_its_chat_template_unless_one_is_set(tmp_path, capsys):
+    run = tmp_path / "sft_run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"data": {"tokenizer": "bytes", "context_length": 40}}))
+    (run / "chat_template.json").write_text(json.dumps({"name": "mine", "source": "{{ messages[0].content }} =",
+                                                        "special_tokens": {}}))
+    config = grpo_test_config()
+    config.init_from = str(run)
+    config.data.context_length = 64
+    built = grpo.build(config)
+    assert built.prompts["train"].texts[0] == built.prompts["train"].records[0]["prompt"] + " ="
+    assert "its chat template (mine; set data.chat_template to override)" in capsys.readouterr().out
+    config.data.chat_template = "chatml"
+    assert grpo.build(config).prompts["train"].texts[0].startswith("<|im_start|>user\n")
+
+
 def test_a_rollouts_prompts_stay_the_same_for_its_inner_steps():
     config = grpo_test_config()
     config.rl.inner_steps = config.train.steps_per_dispatch = 2
