@@ -42,6 +42,7 @@ from absl import app, flags, logging
 from lm import runs
 from lm.cpu import keep_freed_memory
 from lm.errors import UserError, run_user_errors
+from lm.xla_flags import set_default_flags
 
 _QUICK = flags.DEFINE_bool("quick", False, "The CPU-sized rows (baby and the test configs) instead of the "
                            "accelerator rows.")
@@ -90,6 +91,7 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.WARNING)
     keep_freed_memory()
+    set_default_flags()  # lm's XLA flags on a GPU, as the lm command sets them
     run_user_errors(benchmark)
 
 
@@ -109,7 +111,7 @@ def step_alone(config, steps: int, rounds: int, profile: pathlib.Path | None = N
 
     setup = build(config, build_experiment, None)
     mesh, experiment = setup.mesh, setup.experiment
-    per_call = config.train.steps_per_dispatch
+    per_call = config.train.steps_per_dispatch or 1  # (0, the trainer's own choice: one step a call here)
     with jax.set_mesh(mesh), nn.logical_axis_rules(setup.rules):
         _, shardings = setup.abstract_state()
         state = setup.init_state(shardings)

@@ -31,6 +31,7 @@ from absl import app, flags, logging
 from lm.cli.overrides import parse_axis, resolve_config, split_config_overrides
 from lm.cpu import keep_freed_memory
 from lm.errors import run_user_errors
+from lm.xla_flags import set_default_flags
 
 _CONFIG = flags.DEFINE_string("config", "configs/gpt_shakespeare.py:baby", "Config file and variant.")
 _ARMS = flags.DEFINE_string("arms", "model.norm=layer,rms", "The variants: key=value1,value2,...")
@@ -105,6 +106,7 @@ def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
     keep_freed_memory()
+    set_default_flags()  # lm's XLA flags on a GPU, as the lm command sets them
     run_user_errors(benchmark)  # bad --arms or overrides: one line, exit code 2
 
 

@@ -108,8 +108,10 @@ def language_model(dataset: str = "tinyshakespeare") -> ml_collections.ConfigDic
         vocab_multiple=option(64, "the vocabulary padded to a multiple of this, so it divides the 'tensor' mesh axis",
                               bounds=at_least(1)),
         scale_embeddings=option(False, "token embeddings times sqrt(D) (Vaswani et al. 3.4)"),
-        loss_chunk=option(0, "positions per cross-entropy chunk (0: the whole (B, T, V) logits at once)",
-                          bounds=at_least(0)),
+        loss_chunk=option(-1, "positions per cross-entropy chunk (0: the whole (B, T, V) logits at once; -1: "
+                              "chunks of at most 2^24 logits a row where a row has more, e.g. 256 positions for "
+                              "GPT-2's 1024 x 50304: lm/models/gpt.py derived_loss_chunk)",
+                          bounds=at_least(0, -1)),
     )
 
     config.optimizer = optimizer_options(min_learning_rate=1e-4, b2=0.99, weight_decay=0.1)

@@ -80,7 +80,7 @@ def get_config(variant: str = "124m") -> ml_collections.ConfigDict:
         layers, heads, width = SIZES[variant]
         config.model.update(num_layers=layers, num_heads=heads, num_kv_heads=heads, embed_dim=width)
         if variant != "124m":  # scanned: compile time grows little with depth
-            config.model.update(remat="dots_no_batch", loss_chunk=256, scan_layers=True)
+            config.model.update(remat="dots_no_batch", scan_layers=True)
             config.optimizer.learning_rate = {"350m": 3e-4, "774m": 2.5e-4}[variant]
             config.optimizer.min_learning_rate = config.optimizer.learning_rate / 10
     elif variant == "bpe_small":

@@ -109,7 +109,8 @@ def get_config(variant: str = "reverse") -> ml_collections.ConfigDict:
     config.model.update(compute_dtype="float32", vocab_multiple=128)
     config.optimizer.update(learning_rate=1e-6, min_learning_rate=1e-6, warmup_steps=0, weight_decay=0.0,
                             b2=0.999, grad_clip_norm=1.0)
-    config.train.update(batch_size=16, num_steps=200, log_every=5, checkpoint_every=50)
+    # One dispatch per batch of completions: steps_per_dispatch is rl.inner_steps (experiments/grpo.py checks it).
+    config.train.update(batch_size=16, num_steps=200, log_every=5, checkpoint_every=50, steps_per_dispatch=1)
     config.sample.update(prompt="12345", max_new_tokens=0, temperature=0.0)
 
     if variant == "reverse":

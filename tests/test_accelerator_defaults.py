@@ -64,15 +64,32 @@ def train_log(config, workdir) -> tuple[list[dict], dict]:
     return records, setup.restore_params(config, build(config), workdir)
 
 
+@pytest.mark.parametrize("dispatch, expected", [
+    ((1e12, 1e12, (6, 12)), 1),  # long steps, or an unknown peak: one step a dispatch
+    ((1e11, None, (6, 12)), 1),
+    ((1e11, 0.9e14, (50, 1000, 500)), 5),  # 2.8 ms a step at 40% of the peak: 4 make 10 ms, 5 divides 50
+    ((1e11, 1e15, (50, 1000, 500)), 10),  # 40 would: at most 16, the largest divisor of 50 under it
+    ((1e11, 1e15, (7, 14)), 7),
+    ((1e11, 1e15, (3, 1000)), 1),  # (the intervals' gcd is 1)
+])
+def test_auto_steps_per_dispatch(dispatch, expected):
+    assert loop.auto_steps_per_dispatch(*dispatch) == expected
+
+
 @pytest.mark.slow
-def test_k_steps_per_dispatch_equal_k_single_steps(data_dir, test_config, tmp_path):
-    """steps_per_dispatch=4 with logs every 6 steps (dispatches of 4 and 2 steps): the same logged
-    losses, grad norms and eval losses, and the same final parameters, as one step per dispatch."""
-    test_config.train.update(num_steps=12, log_every=6, checkpoint_every=12)
+@pytest.mark.parametrize("changes, dispatch", [({"steps_per_dispatch": 4}, "4 and 2"),
+                                               ({"steps_per_dispatch": 0, "peak_flops": 1e15}, "auto: 6")])
+def test_k_steps_per_dispatch_equal_k_single_steps(data_dir, test_config, tmp_path, capsys, changes, dispatch):
+    """steps_per_dispatch=4 with logs every 6 steps (dispatches of 4 and 2 steps), or 0 (automatic) with a peak
+    that makes these steps short (6 steps a dispatch: the gcd of the intervals): the same logged losses, grad
+    norms and eval losses, and the same final parameters, as one step per dispatch."""
+    test_config.train.update(num_steps=12, log_every=6, checkpoint_every=12, steps_per_dispatch=1)
     test_config.eval.every = 12
     single, single_params = train_log(test_config, tmp_path / "single")
-    test_config.train.steps_per_dispatch = 4
+    test_config.train.update(changes)
     multi, multi_params = train_log(test_config, tmp_path / "multi")
+    chose_six = "6 steps per dispatch (train.steps_per_dispatch=0" in capsys.readouterr().out
+    assert chose_six == dispatch.startswith("auto")
     for key in ("loss", "grad_norm", "learning_rate", "eval_loss"):
         a = [(r["step"], r[key]) for r in single if key in r]
         b = [(r["step"], r[key]) for r in multi if key in r]
@@ -84,8 +101,8 @@ def test_k_steps_per_dispatch_equal_k_single_steps(data_dir, test_config, tmp_pa
 
 
 def test_a_bad_steps_per_dispatch_is_a_user_error(test_config):
-    test_config.train.steps_per_dispatch = 0
-    with pytest.raises(UserError, match=r"train.steps_per_dispatch=0"):
+    test_config.train.steps_per_dispatch = -1
+    with pytest.raises(UserError, match=r"train.steps_per_dispatch=-1"):
         setup.build(test_config, build_experiment, None)
 
 

@@ -14,7 +14,8 @@ from conftest import REPO
 # the analyses of trained runs sit with the commands. A new top-level module must be placed here.
 LAYERS = (
     ("lm.errors", "lm.cpu", "lm.runs", "lm.distributed", "lm.plots", "lm.task_metrics", "lm.losses",
-     "lm.sharding", "lm.progress", "lm.console", "lm.scaling", "lm.launch", "lm.rewards"),
+     "lm.sharding", "lm.progress", "lm.console", "lm.scaling", "lm.launch", "lm.rewards",
+     "lm.xla_flags"),
     ("lm.layers", "lm.data"),
     ("lm.models",),
     ("lm.decode", "lm.hf", "lm.eval.scoring", "lm.eval.tasks", "lm.eval.passkey", "lm.eval.report"),

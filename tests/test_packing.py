@@ -110,7 +110,7 @@ def experiment(**model):
 
     config = base.language_model("token_file")
     config.data.update(dataset="synthetic", vocab_size=VOCAB, context_length=LENGTH)
-    config.model.update(num_layers=2, num_heads=4, num_kv_heads=2, embed_dim=16, **model)
+    config.model.update({"num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "embed_dim": 16, **model})
     return build(config)
 
 
@@ -205,13 +205,39 @@ def test_the_packed_loss_is_the_token_mean_over_the_documents_alone(loss_chunk):
     np.testing.assert_allclose(loss, metrics["cross_entropy"], rtol=1e-6)
 
 
-def test_attention_on_packed_rows_picks_splash_or_xla_and_never_cudnn():
+def test_attention_on_packed_rows_picks_cudnn_on_a_gpu_and_splash_on_a_tpu():
+    """cuDNN takes packed rows as a mask, its training kernel at even lengths only (else XLA, or an error when
+    asked for by name)."""
     bf16 = jnp.bfloat16
-    assert attention_implementation("auto", "gpu", bf16, 64, (1024, 1024), False, has_segments=True) == "xla"
+    assert attention_implementation("auto", "gpu", bf16, 64, (1024, 1024), False, has_segments=True) == "cudnn"
+    assert attention_implementation("auto", "gpu", bf16, 64, (1023, 1023), False, has_segments=True) == "xla"
+    assert attention_implementation("auto", "gpu", bf16, 64, (1023, 1023), False) == "cudnn"  # one document a row
     assert attention_implementation("auto", "tpu", bf16, 64, (1024, 1024), False, has_segments=True) == "splash"
-    built = experiment(attention_impl="cudnn")
-    with pytest.raises(UserError, match="model.attention_impl=cudnn needs rows of one document each"):
-        jax.eval_shape(functools.partial(built.loss, train=False), initial_params(), packed_batch(), jax.random.key(0))
+    with pytest.raises(UserError, match="model.attention_impl=cudnn needs even sequence lengths for packed rows"):
+        attention_implementation("cudnn", "gpu", bf16, 64, (1023, 1023), False, has_segments=True)
+
+
+def test_packed_rows_reach_cudnn_as_their_documents_mask(monkeypatch):
+    """On a GPU (the backend's name patched), a bf16 model's packed rows call jax.nn.dot_product_attention with
+    implementation='cudnn', causal, and the (B, 1, T, T) mask of their documents; run on XLA here, that call's
+    loss is the attention_impl=xla model's."""
+    calls = []
+    attention = jax.nn.dot_product_attention
+
+    def on_xla(*args, implementation=None, **kwargs):
+        calls.append((implementation, kwargs["mask"].shape, kwargs["is_causal"]))
+        return attention(*args, implementation="xla", **kwargs)
+
+    model = {"compute_dtype": "bfloat16", "embed_dim": 32}  # head dim 8
+    def loss(built):
+        return jax.jit(functools.partial(built.loss, train=False))(params, batch, jax.random.key(0))[0]
+
+    params, batch = nn.unbox(jax.jit(experiment(**model).init)(jax.random.key(0))["params"]), packed_batch()
+    expected = loss(experiment(attention_impl="xla", **model))
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(jax.nn, "dot_product_attention", on_xla)
+    assert loss(experiment(**model)) == expected
+    assert calls == [("cudnn", (2, 1, LENGTH, LENGTH), True)] * 2  # each of the 2 layers
 
 
 @pytest.mark.slow

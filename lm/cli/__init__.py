@@ -13,6 +13,7 @@ from absl import flags
 
 from lm.console import steady_streams
 from lm.errors import EXIT_USER_ERROR, fail
+from lm.xla_flags import set_default_flags
 
 # lm/cli/<command>.py
 COMMANDS = ("train", "sample", "eval", "export", "prepare", "sweep", "compare", "scaling", "translate")
@@ -35,8 +36,9 @@ def usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Runs the command argv[1] names with the flags after it (argv: default sys.argv). Output whose reader
-    is gone (`lm eval --help | head -1`) is dropped, not a traceback (lm.console)."""
+    """Runs the command argv[1] names with the flags after it (argv: default sys.argv), with lm's XLA flags
+    for the platform added to $XLA_FLAGS (lm.xla_flags). Output whose reader is gone (`lm eval --help | head -1`)
+    is dropped, not a traceback (lm.console)."""
     steady_streams()
     argv = sys.argv if argv is None else argv
     if len(argv) < 2 or argv[1] in ("-h", "--help", "help"):
@@ -48,6 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # as `python -m lm` does: configs and experiments of the folder run in
     sys.argv = [f"lm {command}", *argv[2:]]
+    set_default_flags()  # before any backend starts (XLA reads $XLA_FLAGS once)
     module = importlib.import_module(f"lm.cli.{command}")
     if set(HELP_FLAGS) & set(argv[2:]):
         print(command_help(module, full="--helpfull" in argv[2:]))

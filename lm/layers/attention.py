@@ -3,7 +3,7 @@
 One module serves every model. The fused path runs the implementation `attention_implementation`
 picks: cuDNN's flash attention on GPU and the Pallas splash kernel on TPU where they apply (causal or
 full attention without a mask array), XLA's otherwise. Rows of packed documents carry segment ids:
-splash takes them as they are, XLA and the explicit path as a mask, cuDNN not at all. The explicit
+splash takes them as they are, cuDNN, XLA and the explicit path as a (B, 1, T, T) mask. The explicit
 path computes the softmax weights itself; it runs when they are needed: dropout on the weights during
 training, or `capture_weights=True`, which sows them as 'intermediates'/'attention_weights' (B, H, T, S)
 for visualisation; and for soft-capped scores (softcap > 0: s -> softcap * tanh(s / softcap), Gemma 2) on
@@ -115,8 +115,9 @@ def attention_implementation(requested: str, platform: str, dtype, head_dim: int
     soft-cap (0: none). context_split: the sequence is split over a context axis of the mesh (XLA only).
 
     cudnn   cuDNN flash attention (jax.nn.dot_product_attention): GPU, bf16/fp16, head_dim % 8 == 0 and
-            <= 128, no mask or bias array (causal or full attention), no segment ids (the public call
-            takes none: its cuDNN path would need the packed documents as a dense mask), no soft-cap.
+            <= 128, no mask or bias array (causal or full attention), no soft-cap. Packed rows go to it with
+            their segment ids as a dense mask (the public call takes no segment ids; its cuDNN path adds the
+            mask as a bias), which its training kernel takes for even T and S only.
     splash  the Pallas TPU kernel (lm/layers/splash.py): T and S multiples of 128, no mask or bias array
             (segment ids are fine); off TPU it runs interpreted (slow: for tests).
     xla     XLA's attention (jax.nn.dot_product_attention; with a soft-cap, the explicit path): anything, anywhere.
@@ -127,8 +128,8 @@ def attention_implementation(requested: str, platform: str, dtype, head_dim: int
                 has_mask_or_bias)
     needs = {
         "cudnn": [
-            ("rows of one document each (jax.nn.dot_product_attention's cuDNN path takes no segment ids for "
-             "packed documents)", has_segments),
+            (f"even sequence lengths for packed rows (cuDNN takes their documents as a mask, added as a bias; "
+             f"they are {lengths[0]} and {lengths[1]})", has_segments and any(n % 2 for n in lengths)),
             (f"a GPU (this is {platform})", platform != "gpu"),
             (f"bfloat16 or float16 compute (model.compute_dtype is {jnp.dtype(dtype).name})",
              jnp.dtype(dtype) not in CUDNN_DTYPES),

@@ -14,11 +14,15 @@ Given targets, the model returns the per-token cross-entropy (B, T) instead of t
 logits_reduce, logits_reduce(logits, targets): any tree of (B, T) arrays, e.g. the cross-entropy beside the
 logsumexp that a z-loss needs). With loss_chunk = c > 0 it computes it c positions at a time, recomputing
 each chunk's logits in the backward pass, so the (B, T, V) logits (3.3 GB in float32 for GPT-2 at batch 16)
-never exist at once.
+never exist at once. loss_chunk = -1 (AUTO_CHUNK) derives c from the row's length and the vocabulary
+(derived_loss_chunk): chunks of at most 2^24 logits a row (256 positions for GPT-2's 1024 x 50304), and no
+chunking where a whole row's logits fit that (a character-level model's).
 
 Rows of packed documents (lm/data/packing.py) come with segment_ids (B, T) and positions (B, T): a
 token attends only to the earlier tokens of its own document, and its position (for the learned table
-and RoPE) counts from the document's start, so each document's logits are those it has alone.
+and RoPE) counts from the document's start, so each document's logits are those it has alone. An
+attention_mask (B, 1, T, T) (True: the query may see the key) narrows that further, e.g. to documents that share
+one context and branch after it (lm/eval/scoring.py: each choice sees the context and its own tokens).
 
 With model.context_parallel=ring_zigzag on a mesh with a context axis, the model puts the tokens, their positions,
 segment ids and targets in the zig-zag order (lm.layers.attention.context_order) before the Transformer, so that
@@ -51,7 +55,7 @@ class GPTConfig:
     tie_embeddings: bool = True
     vocab_multiple: int = 64  # embedding rows are padded to a multiple, so 'vocab' can be sharded
     scale_embeddings: bool = False  # token embeddings times sqrt(D) (Vaswani et al. 3.4), e.g. for sinusoids
-    loss_chunk: int = 0  # positions per chunk of the cross-entropy given targets; 0: all logits at once
+    loss_chunk: int = 0  # positions per chunk of the cross-entropy given targets; 0: all logits at once; -1: derived
 
     @property
     def padded_vocab_size(self) -> int:
@@ -65,7 +69,8 @@ class GPT(nn.Module):
     document), both or neither. With decode=True, reads and
     advances the KV cache (rows of one sequence each: no segment ids). With logit_positions (N, c),
     targets (N, c) and logits_reduce: the logits of those positions only, reduced chunk by chunk (module
-    docstring)."""
+    docstring). attention_mask (B, 1, T, T), True where a query may see a key: combined with the causal and
+    segment masks."""
 
     config: GPTConfig
 
@@ -81,6 +86,7 @@ class GPT(nn.Module):
         positions: jax.Array | None = None,
         logit_positions: jax.Array | None = None,
         logits_reduce: Callable[[jax.Array, jax.Array], Any] | None = None,
+        attention_mask: jax.Array | None = None,
     ) -> jax.Array:
         cfg = self.config
         blocks = cfg.transformer
@@ -109,8 +115,8 @@ class GPT(nn.Module):
         x, token_embed = embed(tokens, positions, cfg.padded_vocab_size, cfg.context_length, blocks,
                                cfg.scale_embeddings, train)  # (B, T, D)
         x = TransformerStack(blocks, causal=True, name="decoder")(
-            x, positions=positions, segment_ids=segment_ids, cache_index=cache_index, train=train,
-            capture_weights=capture_weights,
+            x, mask=attention_mask, positions=positions, segment_ids=segment_ids, cache_index=cache_index,
+            train=train, capture_weights=capture_weights,
         )
 
         head = LMHead(cfg.vocab_size, cfg.padded_vocab_size, token_embed if cfg.tie_embeddings else None,
@@ -123,9 +129,11 @@ class GPT(nn.Module):
         if targets is None:
             return in_row_order(head(x), order)
         per_token = logits_reduce or cross_entropy
-        if not cfg.loss_chunk:
+        chunk = (derived_loss_chunk(x.shape[1], cfg.padded_vocab_size) if cfg.loss_chunk == AUTO_CHUNK
+                 else cfg.loss_chunk)
+        if not chunk:
             return in_row_order(per_token(head(x), targets), order)
-        return in_row_order(self._chunked_per_token(x, targets, head, per_token), order)
+        return in_row_order(self._chunked_per_token(x, targets, head, per_token, chunk), order)
 
     def _reduced_logits(self, hidden: jax.Array, targets: jax.Array, head: LMHead,
                         reduce: Callable[[jax.Array, jax.Array], Any]) -> Any:
@@ -140,12 +148,11 @@ class GPT(nn.Module):
         return scan(self, None, (hidden, targets))[1]
 
     def _chunked_per_token(self, x: jax.Array, targets: jax.Array, head: LMHead,
-                           per_token: Callable[[jax.Array, jax.Array], Any]) -> Any:
-        """x (B, T, D), targets (B, T) -> per_token(logits, targets) (a tree of (B, T) arrays), loss_chunk
+                           per_token: Callable[[jax.Array, jax.Array], Any], chunk: int) -> Any:
+        """x (B, T, D), targets (B, T) -> per_token(logits, targets) (a tree of (B, T) arrays), chunk
         positions at a time (a scan over the T / c chunks; each chunk's logits are recomputed in the backward
         pass rather than kept)."""
         batch, length, embed_dim = x.shape
-        chunk = self.config.loss_chunk
         if length % chunk:
             raise UserError(f"model.loss_chunk={chunk} does not divide the sequence length {length}; "
                             "pick a divisor of data.context_length, or 0 for no chunking")
@@ -160,6 +167,26 @@ class GPT(nn.Module):
         scan = nn.scan(nn.remat(body, prevent_cse=False), variable_broadcast="params", split_rngs={"params": False})
         _, chunked = scan(self, None, (by_chunk(x), by_chunk(targets)))  # leaves (T / c, B, c)
         return jax.tree.map(lambda leaf: leaf.swapaxes(0, 1).reshape(batch, length), chunked)
+
+
+AUTO_CHUNK = -1  # model.loss_chunk: derived from the row's length and the vocabulary (derived_loss_chunk)
+LOGITS_PER_CHUNK_ROW = 2**24  # a derived chunk's logits per row: 64 MiB in float32
+MIN_CHUNK = 8  # fewer positions a chunk would starve the head's matmul: the whole logits instead
+
+
+def derived_loss_chunk(length: int, vocab: int) -> int:
+    """model.loss_chunk=-1: the positions per chunk of the loss for rows of `length` tokens and a (padded)
+    vocabulary: 0 (the whole logits at once) where a row's length x vocab logits are LOGITS_PER_CHUNK_ROW or
+    fewer, else the largest divisor of length whose chunk holds no more (256 for GPT-2's 1024 x 50304, 128 for
+    Llama 3's 2048 x 128256); 0 too where that divisor is under MIN_CHUNK (a length with no fitting divisor).
+
+    The budget is per row, so a chunk's logits scale with the batch as the activations do: (B, 256, 50304) in
+    float32 is 0.8 GiB at batch 16, where the whole logits are 3.1 GiB (and as much again for their gradient)."""
+    if length * vocab <= LOGITS_PER_CHUNK_ROW:
+        return 0
+    fitting = max((c for c in range(1, length + 1) if length % c == 0 and c * vocab <= LOGITS_PER_CHUNK_ROW),
+                  default=0)
+    return fitting if fitting >= MIN_CHUNK else 0
 
 
 def in_row_order(tree: Any, order: np.ndarray | None) -> Any:

@@ -13,6 +13,7 @@ writes the logs and results.
 import contextlib
 import itertools
 import json
+import math
 import pathlib
 import signal
 import threading
@@ -109,6 +110,30 @@ def count_nonfinite(unchecked: list[tuple[int, jax.Array]], policy: str,
     for step in bad:
         print(f"step {step:>6} | NaN/Inf loss or gradients: update skipped (train.on_nonfinite=skip)")
     return len(bad)
+
+
+AUTO_DISPATCH_SECONDS = 0.01  # train.steps_per_dispatch=0: a dispatch's estimated length at least this
+ASSUMED_UTILISATION = 0.4  # the share of the peak a step is assumed to reach for that estimate
+MAX_AUTO_DISPATCH = 16  # the most steps per dispatch it picks
+
+
+def auto_steps_per_dispatch(flops_per_step: float, peak: float | None, intervals: tuple[int, ...]) -> int:
+    """train.steps_per_dispatch=0: steps per dispatch for steps of flops_per_step model FLOPs on devices of peak
+    FLOP/s in all (None: unknown, a CPU): 1 where the peak (or the FLOPs) are unknown or a step is estimated (at
+    ASSUMED_UTILISATION of the peak) to take AUTO_DISPATCH_SECONDS or more; else k steps that together take that
+    long: the smallest divisor of the log, eval and checkpoint intervals (their gcd) that is that many or more,
+    up to MAX_AUTO_DISPATCH (else the largest divisor under it), so that every dispatch between boundaries has
+    the same k steps (one compiled program). A function of the config and the devices alone: a resumed run
+    picks the same k; and k steps in a dispatch make the updates of k single steps (up to the order of float
+    sums in the two programs)."""
+    if not peak or not flops_per_step:
+        return 1
+    needed = math.ceil(AUTO_DISPATCH_SECONDS * peak * ASSUMED_UTILISATION / flops_per_step)
+    if needed <= 1:
+        return 1
+    period = math.gcd(*intervals)
+    divisors = [k for k in range(1, min(period, MAX_AUTO_DISPATCH) + 1) if period % k == 0]
+    return next((k for k in divisors if k >= needed), divisors[-1])
 
 
 def steps_until_boundary(step: int, steps_per_dispatch: int, num_steps: int, intervals: tuple[int, ...]) -> int:
@@ -310,6 +335,7 @@ class Trainer:
         self.checkpointer, self.writer, self.workdir = checkpointer, writer, workdir
         self.batch_sharding = sharding.batch_sharding(setup.mesh)
         self.train_step = CompiledPerShape(setup.jit_train_step(state_shardings))
+        self.steps_per_dispatch = self.tcfg.steps_per_dispatch  # 0 (auto): chosen in run()
         self.evaluations = Evaluations(setup, state_shardings.params)
 
     def evaluate(self, step: int, state, elapsed_seconds: float) -> dict[str, float]:
@@ -330,9 +356,8 @@ class Trainer:
         def abstract(batch) -> dict[str, jax.ShapeDtypeStruct]:
             return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self.batch_sharding), batch)
 
-        group = self.tcfg.steps_per_dispatch
         compile_in_parallel(
-            [(self.train_step, state, (variant,) * group)
+            [(self.train_step, state, (variant,) * self.steps_per_dispatch)
              for variant in self.setup.experiment.batch_variants(abstract(first_batch))]
             + [(self.evaluations.eval_step, state.params, abstract(b)) for b in self.evaluations.eval_batches]
         )
@@ -352,6 +377,11 @@ class Trainer:
         peak = device_peak * mesh.size if device_peak else None  # no MFU without a real peak
         print(f"{num_params:,} parameters ({active_params:,} active) | mesh {dict(mesh.shape)} | "
               f"{mesh.devices.flat[0].device_kind}")
+        boundaries = (tcfg.log_every, tcfg.checkpoint_every, *(e.every for e in self.evaluations.evaluators if e.every))
+        if not tcfg.steps_per_dispatch:
+            self.steps_per_dispatch = auto_steps_per_dispatch(flops_per_step, peak, boundaries)
+            if self.steps_per_dispatch > 1:
+                print(f"{self.steps_per_dispatch} steps per dispatch (train.steps_per_dispatch=0: short steps)")
         if lora := trainable_line(state.params):  # LoRA: what trains, as peft says it
             print(lora)
 
@@ -369,12 +399,11 @@ class Trainer:
         eta = RunEta(tcfg.num_steps)
         stopping = False
         stable_end = decay_start(self.config.optimizer)  # a WSD run saves its last stable step
-        boundaries = (tcfg.log_every, tcfg.checkpoint_every, *(e.every for e in self.evaluations.evaluators if e.every))
         # Nothing here waits for the devices between log, eval and checkpoint steps: the device values
         # (metrics, NaN flags) are read there, and the host runs ahead, dispatching the next steps.
         while step < tcfg.num_steps and not stopping:
             stop_at = stable_end if stable_end is not None and step < stable_end < tcfg.num_steps else tcfg.num_steps
-            count = steps_until_boundary(step, tcfg.steps_per_dispatch, stop_at, boundaries)
+            count = steps_until_boundary(step, self.steps_per_dispatch, stop_at, boundaries)
             rollout_start = time.perf_counter()  # (online experiments make their batches with the params)
             batch_group, made = experiment.rollout(state.params, tuple(next(batches) for _ in range(count)), step)
             rollout_seconds += time.perf_counter() - rollout_start

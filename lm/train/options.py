@@ -136,9 +136,11 @@ def train_options(**overrides) -> ml_collections.ConfigDict:
         prefetch=option(2, "global batches a background thread loads and places on the devices ahead of the "
                            "step; 0 = load each in the step's turn (the batches are the same either way)",
                         bounds=at_least(0)),
-        steps_per_dispatch=option(1, "train steps per dispatch from the host: k > 1 runs k steps in one program "
-                                     "where no log, eval or checkpoint falls between (same updates as 1)",
-                                  bounds=at_least(1)),
+        steps_per_dispatch=option(0, "train steps per dispatch from the host: k > 1 runs k steps in one program "
+                                     "where no log, eval or checkpoint falls between (same updates as 1); 0 = "
+                                     "enough steps for ~10 ms at 40% of the devices' peak, at most 16, a divisor of "
+                                     "the log/eval/checkpoint intervals (1 where the peak is unknown: a CPU)",
+                                  bounds=at_least(0)),
         compilation_cache_dir=option("auto", "JAX's persistent compilation cache: auto = $JAX_COMPILATION_CACHE_DIR, "
                                              "else ~/.cache/lm/jax_compilation_cache; none = no cache; or a folder"),
         peak_flops=option(0.0, "peak FLOP/s per device, for MFU; 0 = a known accelerator's data sheet, else no MFU",
