@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from lm import sharding
-from lm.decode.generate import generate
-from lm.decode.rollout import sample_completions
+from lm.decode.generate import generate, smallest_of_nucleus, warped_logits
+from lm.decode.rollout import draw, sample_completions, sampled_tokens
 from lm.layers.transformer import TransformerConfig
 from lm.models.gpt import GPT, GPTConfig
 
@@ -101,13 +101,57 @@ def test_prompts_and_completions_must_fit_the_context(params):
 
 
 def test_a_sharded_model_samples_what_one_device_samples(params):
+    """The trainer's set-up: params sharded over data, fsdp and tensor by the logical axis rules."""
     prompts, lengths = ragged_prompts([17, 3, 9, 20, 5, 20, 18, 11], 20)
-    expected, _ = greedy(params, prompts, lengths)
+
+    def sampled(params):
+        return np.asarray(sample_completions(MODEL, params, prompts, lengths, NEW, jax.random.key(5), 1.0, 5, 0.9,
+                                             None)[0])
+
+    expected = sampled(params)
     mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "expert": 1, "tensor": 2})
     abstract = jax.eval_shape(MODEL.init, jax.random.key(0), jnp.zeros((1, CONFIG.context_length), jnp.int32))
     with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.DEFAULT_RULES):
         shardings = sharding.logical_shardings(abstract["params"], mesh, sharding.DEFAULT_RULES)
         sharded = jax.device_put(params, shardings)
         assert not sharded["token_embed"]["embedding"].sharding.is_fully_replicated
-        tokens, _ = greedy(sharded, prompts, lengths)
+        tokens = sampled(sharded)
     np.testing.assert_array_equal(tokens, expected)
+
+
+def test_the_nucleus_found_without_a_sort_is_the_sorted_definition():
+    """Against numpy on tied logits and masked-out ones: sorted by probability, a token is kept while the mass
+    ranked above it is < top_p; the smallest kept logit (and so all its ties) is the threshold."""
+    rng = np.random.default_rng(0)
+    logits = np.round(rng.normal(0, 2, (64, 300)), 1).astype(np.float32)  # many ties
+    logits[8:16] = 1 + np.arange(300, dtype=np.float32) * np.spacing(np.float32(1))  # neighbouring floats
+    logits[:16, ::3] = -np.inf
+    probs = np.asarray(jax.nn.softmax(logits, axis=-1), np.float64)
+    for top_p in (0.05, 0.5, 0.9, 0.999):
+        found = np.asarray(smallest_of_nucleus(jnp.asarray(logits), top_p))[:, 0]
+        for row in range(len(logits)):
+            order = np.argsort(-logits[row], kind="stable")
+            above = np.cumsum(probs[row][order]) - probs[row][order]
+            assert found[row] == logits[row][order][above < top_p].min(), (top_p, row)
+
+
+def test_the_inverse_cdf_draw_follows_the_softmax():
+    """20,000 draws from 10 tokens scattered over a vocabulary of 600 (three blocks, the last padded; the rest
+    -inf): only those tokens, at their probabilities."""
+    rng = np.random.default_rng(0)
+    logits = np.full(600, -np.inf, np.float32)
+    tokens = np.array([0, 3, 255, 256, 257, 400, 511, 512, 598, 599])
+    logits[tokens] = rng.normal(0, 1, len(tokens))
+    drawn = np.asarray(draw(jnp.broadcast_to(jnp.asarray(logits), (20_000, 600)), rng.random((20_000, 1))))
+    assert set(drawn.tolist()) <= set(tokens.tolist())
+    expected = np.asarray(jax.nn.softmax(logits[tokens]))
+    observed = np.array([np.mean(drawn == t) for t in tokens])
+    assert np.abs(observed - expected).sum() / 2 < 0.02, (observed, expected)
+
+
+def test_drawing_a_few_rows_at_a_time_draws_what_all_at_once_would():
+    """On a CPU the rows are warped and drawn 8 at a time (10 rows: a padded second chunk): the same tokens."""
+    logits = jax.random.normal(jax.random.key(0), (10, 300)) * 3
+    key = jax.random.key(1)
+    whole = draw(warped_logits(logits, 0.7, 50, 0.8), jax.random.uniform(key, (10, 1)))
+    np.testing.assert_array_equal(sampled_tokens(logits, key, 0.7, 50, 0.8), whole)

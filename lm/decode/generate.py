@@ -21,17 +21,40 @@ def sample_logits(logits: jax.Array, rng: jax.Array, temperature: float, top_k: 
     whose probabilities add up to top_p or more (nucleus sampling; 1: all), as transformers' warpers do."""
     if temperature == 0:
         return jnp.argmax(logits, axis=-1)
+    return jax.random.categorical(rng, warped_logits(logits, temperature, top_k, top_p), axis=-1)
+
+
+def warped_logits(logits: jax.Array, temperature: float, top_k: int, top_p: float) -> jax.Array:
+    """logits (B, V) -> (B, V): divided by the temperature (> 0), -inf outside the top_k and then outside the
+    nucleus of top_p (sample_logits)."""
     logits = logits / temperature
     if 0 < top_k < logits.shape[-1]:
         kth_largest = jax.lax.top_k(logits, top_k)[0][:, -1:]
         logits = jnp.where(logits < kth_largest, -jnp.inf, logits)
     if top_p < 1:
-        descending = jnp.sort(logits, axis=-1)[:, ::-1]  # (B, V)
-        probs = jax.nn.softmax(descending, axis=-1)
-        before = jnp.cumsum(probs, axis=-1) - probs  # the probability of the tokens ranked above each
-        smallest_kept = jnp.min(jnp.where(before < top_p, descending, jnp.inf), axis=-1, keepdims=True)
-        logits = jnp.where(logits < smallest_kept, -jnp.inf, logits)
-    return jax.random.categorical(rng, logits, axis=-1)
+        logits = jnp.where(logits < smallest_of_nucleus(logits, top_p), -jnp.inf, logits)
+    return logits
+
+
+def smallest_of_nucleus(logits: jax.Array, top_p: float) -> jax.Array:
+    """logits (B, V) -> (B, 1): the smallest logit v whose tokens and those more likely hold top_p of the
+    probability or more, the largest such v. It is the smallest logit of the nucleus: of the tokens sorted by
+    probability, those with less than top_p ranked above them (ties with it included). Found without a sort
+    (on a CPU a sort of the vocabulary costs more than the model's step): a bisection over the logits' 32-bit
+    keys, which order as the floats do."""
+    probs = jax.nn.softmax(logits, axis=-1)
+    bits = jax.lax.bitcast_convert_type(logits, jnp.uint32)
+    keys = jnp.where(bits >> 31 == 1, ~bits, bits | jnp.uint32(1 << 31))  # (B, V) float order as uint32 order
+
+    def halve(_, bounds):  # invariant: the mass at keys >= low is >= top_p, at keys >= high it is not
+        low, high = bounds
+        middle = low + (high - low) // 2
+        enough = jnp.sum(jnp.where(keys >= middle, probs, 0), axis=-1, keepdims=True) >= top_p
+        return jnp.where(enough, middle, low), jnp.where(enough, high, middle)
+
+    bounds = jnp.min(keys, axis=-1, keepdims=True), jnp.max(keys, axis=-1, keepdims=True) + 1
+    low, _ = jax.lax.fori_loop(0, 32, halve, bounds)  # 32 halvings close any gap of uint32 keys
+    return jnp.min(jnp.where(keys >= low, logits, jnp.inf), axis=-1, keepdims=True)
 
 
 def empty_cache(model: GPT, batch_size: int, length: int | None = None):
