@@ -1,0 +1,1 @@
+"""The norm_position_scaling study: its sweep file (README.md has the question, the commands and the result)."""
