@@ -18,8 +18,6 @@ from absl import app, flags
 
 from lm.layers.attention import RING_LAYOUTS, ZIGZAG_QUARTERS, layout_order
 
-_SHARDS = flags.DEFINE_list("shards", ["2", "4", "8"], "The mesh.context sizes.")
-_OUT = flags.DEFINE_string("out", "benchmarks/results/context_balance.json", "Where the json goes.")
 WHOLE = {(q, k) for q in (0, 1) for k in (0, 1)}  # the (query half, key half) quarters of a block
 
 
@@ -47,7 +45,7 @@ def ring_work(shards: int, layout: str) -> dict:
 
 def benchmark() -> None:
     rows = []
-    for shards in map(int, _SHARDS.value):
+    for shards in map(int, flags.FLAGS.shards):
         for form, layout in RING_LAYOUTS.items():
             rows.append({"context_shards": shards, "form": form, **ring_work(shards, layout)})
     print("(query chunk, key chunk) blocks of the 2n chunks of a row; n = mesh.context\n")
@@ -57,10 +55,17 @@ def benchmark() -> None:
     for row in rows:
         print(f"| {row['context_shards']} | `{row['form']}` | {', '.join(map(str, row['needed']))} | "
               f"{', '.join(map(str, row['computed']))} | {max(row['computed'])} | {row['lockstep']} |")
-    out = pathlib.Path(_OUT.value)
+    out = pathlib.Path(flags.FLAGS.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"rows": rows}, indent=2) + "\n")
     print(f"wrote {out}")
+
+
+def define_flags() -> None:
+    """The script's flags, defined when it runs (not on import: tests/test_context_parallel.py imports ring_work
+    beside lm's commands, whose --out it would clash with)."""
+    flags.DEFINE_list("shards", ["2", "4", "8"], "The mesh.context sizes.")
+    flags.DEFINE_string("out", "benchmarks/results/context_balance.json", "Where the json goes.")
 
 
 def main(argv):
@@ -69,4 +74,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

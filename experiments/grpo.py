@@ -300,7 +300,7 @@ class GRPO(LanguageModel):
         local = jax.device_get(host_local(params))
         if is_primary():
             arrays = {jax.tree_util.keystr(key): leaf for key, leaf in jax.tree_util.tree_leaves_with_path(local)}
-            runs.write_file_whole(workdir / REFERENCE_FILE, lambda f: np.savez(f, **arrays))
+            runs.write_file_whole(workdir / REFERENCE_FILE, lambda partial: save_arrays(partial, arrays))
 
     def eval_data(self):
         return []  # the held-out prompts are decoded and scored by the heldout evaluator
@@ -344,6 +344,11 @@ class GRPO(LanguageModel):
     def flops_per_example(self, active_params: int) -> float:
         """The train step's: a prompt's group_size rows, forward and backward (the sampling is not counted)."""
         return self.units_per_example * flops_per_token(self.model.config, active_params)
+
+
+def save_arrays(path: pathlib.Path, arrays: dict[str, np.ndarray]) -> None:
+    with path.open("wb") as f:  # (a path np.savez would give a .npz suffix)
+        np.savez(f, **arrays)
 
 
 def reward_metrics(total: np.ndarray, values: dict[str, np.ndarray], group_size: int) -> dict[str, float]:

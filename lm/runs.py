@@ -6,7 +6,7 @@ import contextlib
 import json
 import pathlib
 from collections.abc import Callable, Iterator
-from typing import Any, BinaryIO
+from typing import Any
 
 import ml_collections
 
@@ -47,17 +47,17 @@ def writing(path: pathlib.Path) -> Iterator[None]:
 
 def write_whole(path: pathlib.Path, text: str) -> None:
     """Writes text into path, whole or not at all (write_file_whole)."""
-    write_file_whole(path, lambda f: f.write(text.encode()))
+    write_file_whole(path, lambda partial: partial.write_text(text))
 
 
-def write_file_whole(path: pathlib.Path, write: Callable[[BinaryIO], Any]) -> None:
-    """Writes path with write(the open binary file), whole or not at all (a temporary file renamed over it): a run
+def write_file_whole(path: pathlib.Path, write: Callable[[pathlib.Path], Any]) -> None:
+    """Makes path with write(a temporary path), whole or not at all (the temporary file renamed over path): a run
     killed meanwhile, or a failed write, leaves the old file; a failed write (a full disk) removes its partial file
     too, so that it leaves the folder as it was."""
     partial = path.with_name(f"{path.name}.partial")
     try:
-        with writing(path), partial.open("wb") as f:
-            write(f)
+        with writing(path):
+            write(partial)
         partial.replace(path)
     except OSError:
         with contextlib.suppress(OSError):
