@@ -6,9 +6,10 @@
 One run, side by side on this machine: the same Hugging Face folder (a GPT-2: GPT2LMHeadModel with its
 tokenizer.json) scored on the same first --limit documents of each task (hellaswag, lambada_openai, winogrande,
 piqa, arc_easy, arc_challenge), the model loaded first on each side, by
-  lm       the command's path (`lm eval --hf=DIR --tasks=...`: lm/eval's Scorer, jitted, length-bucketed
-           batches of --batch_size), report.evaluate timed twice per task: cold (the first pass, compiling its
-           programs) and warm (a second pass);
+  lm       the command's path (`lm eval --hf=DIR --tasks=...`: lm/eval's Scorer, jitted, a multiple-choice
+           document's context read once for all its choices, requests packed into rows, --batch_size rows a
+           batch), report.evaluate timed twice per task: cold (the first pass, compiling its programs) and warm
+           (a second pass);
   harness  lm-evaluation-harness's `hf` model (torch, float32, batches of --batch_size requests, sorted by length
            and padded to the longest), run by --harness_python (an environment with torch, transformers and
            lm-eval, as tests/fixtures/eval/make_fixtures.py's) in a subprocess: simple_evaluate timed per task

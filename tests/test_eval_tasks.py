@@ -7,6 +7,7 @@ accuracy and standard error exactly.
 Then the pieces against direct references: the pair tokenisation, the rolling windows, the bucketed batches with
 their cut from the left, the task texts, and bad input."""
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -23,7 +24,7 @@ from experiments.language_model import from_workdir
 from lm import progress
 from lm.cli.eval import score_tasks
 from lm.errors import UserError
-from lm.eval import models, report, tasks
+from lm.eval import models, report, scoring, tasks
 from lm.eval.scoring import Scorer, encode_pair, gpt_apply, rolling_windows, target_scores, token_loglikelihoods
 from lm.hf.files import Folder
 
@@ -152,16 +153,16 @@ def test_rolling_windows_predict_every_token_once_as_the_harness_windows_do():
 
 def test_bucketed_batches_equal_a_direct_computation_with_the_cut_from_the_left(monkeypatch, capsys):
     """A bigram model (logits of a token depend on it alone): each request's answer, computed on its own in numpy,
-    over requests of several lengths (some longer than the context, cut from the left) in batches of 3. A pass
+    over requests of several lengths (some longer than the context, cut from the left) in batches of 2. A pass
     longer than lm.progress.PROGRESS_SECONDS (0 s here) prints its progress."""
     rng = np.random.default_rng(0)
     table = rng.normal(size=(7, 7)).astype(np.float32)
     table[3, 5] = 9.0  # after 3, 5 is the argmax: a greedy continuation
 
-    def apply(params, ids, positions, targets):  # positions, targets (N, c): a bigram's logits there
-        return target_scores(params[ids.reshape(-1)[positions]], targets)
+    def apply(params, rows, positions, targets):  # positions, targets (N, c): a bigram's logits there
+        return target_scores(params[rows.tokens.reshape(-1)[positions]], targets)
 
-    scorer = Scorer(apply, jnp.asarray(table), None, max_length=8, prefix_token_id=0, batch_size=3, num_buckets=2,
+    scorer = Scorer(apply, jnp.asarray(table), None, max_length=8, prefix_token_id=0, batch_size=2, num_buckets=2,
                     scored_chunk=2)
     requests = [([1, 2, 3], [5]), ([3], [5, 6]), (list(rng.integers(0, 7, 12)), [4, 4]), ([2] * 5, [3, 5, 1])]
     log_probs = table - np.log(np.exp(table).sum(-1, keepdims=True))
@@ -280,3 +281,66 @@ def test_the_table_says_what_lambadas_metrics_are():
     assert printed.splitlines()[-1] == ("lambada_openai: perplexity of the passages' last words (exp of minus their "
                                         "mean log-likelihood); acc: the share of passages whose last word is the "
                                         "model's greedy continuation")
+
+
+def test_choices_share_their_context_and_groups_are_packed_into_rows():
+    """Requests with the same context ids, after the cut from the left, are one group: the context once, then each
+    continuation but its last id; a group longer than max_length is split; rows are as long as the bucket of their
+    longest group and filled with the longest groups that fit."""
+    requests = [([1, 2, 3], [4, 5]), ([1, 2, 3], [6]), ([7], [8, 9]), ([1, 2, 3], [4, 4, 4, 4]),
+                ([9, 1, 2, 3], [4, 5, 6, 7, 8, 9])]  # the last is cut from the left to [1, 2, 3] + its 6 ids
+    found = scoring.groups(requests, max_length=8)
+    assert [(list(context), [index for index, _ in members]) for context, members in found] == [
+        ([1, 2, 3], [0, 1, 3]), ([1, 2, 3], [4]), ([7], [2])]  # the last would make the first 3+1+0+3+5 > 8
+    assert [scoring.group_length(group) for group in found] == [7, 8, 2]
+    rows = scoring.pack(found, [4, 8])
+    assert [(bucket, [scoring.group_length(g) for g in row]) for bucket, row in rows] == [(8, [8]), (8, [7]),
+                                                                                         (4, [2])]
+    assert [len(row) for _, row in scoring.pack(found[2:] * 3 + found[1:2], [4, 8])] == [1, 2, 1]  # 8; 2+2 in 4; 2
+
+
+def small_gpt():
+    from lm.layers.transformer import TransformerConfig
+    from lm.models.gpt import GPT, GPTConfig
+
+    blocks = TransformerConfig(num_layers=2, num_heads=2, num_kv_heads=2, embed_dim=16)
+    return GPT(GPTConfig(vocab_size=20, context_length=16, transformer=blocks, vocab_multiple=8))
+
+
+def test_the_scorer_of_an_equal_model_is_the_same_program():
+    """score_batch is jitted per apply: a model built again (a second `lm eval` in one process builds it) gives an
+    equal apply, so its programs are not compiled again."""
+    assert gpt_apply(small_gpt()) == gpt_apply(small_gpt())
+    assert hash(gpt_apply(small_gpt())) == hash(gpt_apply(small_gpt()))
+
+
+@pytest.mark.slow
+def test_packed_shared_contexts_equal_each_request_scored_alone():
+    """A small GPT: every request's log-likelihood and is_greedy through the packed rows (contexts shared, groups
+    packed, some cut from the left, one group split) equal the model's full logits on the request alone. A second
+    Scorer of an equal model compiles nothing."""
+    model = small_gpt
+    params = model().init(jax.random.key(0), jnp.zeros((1, 16), jnp.int32))["params"]
+    rng = np.random.default_rng(0)
+    requests = []
+    for context_length, choices in [(5, 4), (9, 2), (1, 3), (14, 4), (20, 2), (3, 1)]:
+        context = list(rng.integers(0, 20, context_length))
+        requests += [(context, list(rng.integers(0, 20, rng.integers(1, 6)))) for _ in range(choices)]
+    scorer = Scorer(gpt_apply(model()), params, None, max_length=16, prefix_token_id=0, batch_size=8,
+                    num_buckets=1, scored_chunk=64)  # one batch: one program
+    found = token_loglikelihoods(scorer, requests)
+    sequences = [[*context, *continuation][-17:] for context, continuation in requests]
+    inputs = np.zeros((len(requests), 16), np.int32)  # each request alone in a row, right-padded (causal)
+    for row, sequence in enumerate(sequences):
+        inputs[row, :len(sequence) - 1] = sequence[:-1]
+    all_logits = np.asarray(jax.jit(model().apply)({"params": params}, inputs))
+    for sequence, (_, continuation), logits, (loglikelihood, greedy) in zip(sequences, requests, all_logits, found,
+                                                                            strict=True):
+        count, targets = len(continuation), np.asarray(sequence[-len(continuation):])
+        logits = logits[len(sequence) - 1 - count:len(sequence) - 1]
+        log_probs = np.asarray(jax.nn.log_softmax(logits))[np.arange(count), targets]
+        assert loglikelihood == pytest.approx(float(log_probs.sum()), abs=1e-5)
+        assert greedy == bool(np.all(np.argmax(logits, -1) == targets))
+    compiled = scoring.score_batch._cache_size()
+    again = dataclasses.replace(scorer, apply=gpt_apply(model()))
+    assert token_loglikelihoods(again, requests) == found and scoring.score_batch._cache_size() == compiled

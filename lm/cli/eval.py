@@ -82,12 +82,19 @@ def check_model(workdir: str | None, hf: str | None, limit: int | None, batch_si
 def load_model(workdir: str | None, hf: str | None, step: int | None, tokenizer: str | None, batch_size: int):
     """The model of the run in workdir (at step; default: its latest checkpoint) or of the Hugging Face folder hf
     (with its tokenizer.json or tokenizer), in float32: (its lm.eval Scorer, its lm.eval.harness HarnessModel, the
-    folder its results go to by default, the name eval.json gives it)."""
+    folder its results go to by default, the name eval.json gives it). Programs go to JAX's persistent compilation
+    cache as lm train's do (the run's train.compilation_cache_dir; for a folder, auto), so a rerun skips compiling:
+    all of them, as the scoring's are many and most compile in under the second lm train's must take."""
+    import jax
+
     from lm.eval import models
     from lm.eval.harness import HarnessModel
     from lm.eval.scoring import Scorer, gpt_apply
+    from lm.train.setup import use_compilation_cache
 
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     if hf is not None:
+        use_compilation_cache("auto")
         experiment, params, tokenizer_found, prefix = load_hf(hf, tokenizer)
         scorer = Scorer(gpt_apply(experiment.model), params,
                         models.encoder(tokenizer_found), experiment.config.data.context_length, prefix, batch_size)
@@ -103,6 +110,7 @@ def load_model(workdir: str | None, hf: str | None, step: int | None, tokenizer:
         config = load_config(run)
         if config.experiment not in LANGUAGE_MODELS:
             raise UserError(f"{run} holds a {config.experiment!r} run: --tasks scores language models")
+        use_compilation_cache(config.train.get("compilation_cache_dir", "auto"))
         config.model.compute_dtype = "float32"  # (a bfloat16 run too: scored as a Hugging Face folder is)
         experiment = find_experiment(config.experiment).from_workdir(config, run)
         params = restore_params(config, experiment, run, step, sharding.make_mesh(config.mesh.to_dict()))

@@ -11,23 +11,30 @@ Rolling log-likelihood (WikiText): the text's ids in disjoint windows of max_len
 conditioned on the prefix token, each later one on the token before it, the last one on as many as fit (the
 harness's get_rolling_token_windows with context_len=1, then make_disjoint_window), summed.
 
-Batches: each sequence is right-padded to the smallest of a few bucket lengths (max_length halved num_buckets - 1
-times) that holds it, and rows are grouped by bucket into batches of batch_size (padded with empty rows). The model's
-logits are computed at the continuations' positions only, all of a batch's together (the vocabulary-wide head is
-most of a small model's work, and the context most of a sequence), in chunks of scored_chunk positions, each
-chunk's logits reduced to (log p(target), is the argmax) before the next is computed: a CPU spends more on page
-faults and passes over a large logits buffer than on the matmul that fills it. The positions are padded to
-scored_chunk times one of 1, 2, 3, 4, 6, 8, 12, ... (powers of two and three times them), so the jitted scorer
-compiles one program per (bucket, count) used, a few per bucket. A batch's result is waited for only once the next
-batch is dispatched (lm.progress.await_each), so the host builds the next one while the devices work, and a long
-pass prints its progress every so often ('hellaswag batches: 120 of 1,256 | 3,840.0 requests/s | ETA 0:02:00'); a
+Batches: requests whose (cut) contexts are the same ids, a multiple-choice document's choices, form a group that
+reads its context once: the context, then each continuation but its last id as a branch that sees the context and
+itself alone (an attention mask), at the positions it has alone (a group longer than max_length is split). Groups
+are packed into rows (segment ids keep them apart), longest first, each row as long as the smallest of a few bucket
+lengths (max_length halved num_buckets - 1 times, those under SHORTEST_ROW left out) that holds its longest group,
+filled up with the longest groups that fit; rows of a bucket go in batches of batch_size (the last padded with
+empty rows to one of 1, 2, 3, 4, 6, 8, 12, ...). The model's logits are computed at the continuations' positions
+only, all of a batch's together (the vocabulary-wide head is most of a small model's work, and the context most of
+a sequence), in chunks of scored_chunk positions, each chunk's logits reduced to (log p(target), is the argmax)
+before the next is computed: a CPU spends more on page faults and passes over a large logits buffer than on the
+matmul that fills it. The positions are padded to scored_chunk times one of 1, 2, 3, 4, 6, 8, 12, ... (powers of two
+and three times them), so the jitted scorer compiles one program per (bucket, rows, count) used, a few per bucket,
+once per process for a model (it is jitted per model, not per Scorer). A batch's result is waited for only once the
+next batch is dispatched (lm.progress.await_each), so the host builds the next one while the devices work, and a
+long pass prints its progress every so often ('hellaswag batches: 120 of 1,256 | 3,840.0 requests/s | ETA 0:02:00'); a
 request's log-probabilities are summed on the host, in float64. On a mesh (params sharded over several devices of
 this process, as in training) the batches are split over its batch axes, as the eval step's are.
 """
 
+import bisect
 import dataclasses
 import functools
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -38,10 +45,11 @@ from lm import sharding
 from lm.errors import UserError
 from lm.progress import Progress, await_each
 
-Apply = Callable[..., tuple[jax.Array, jax.Array]]  # (params, ids (B, T), positions (N, c), targets (N, c)) ->
-#   target_scores at those of the B * T positions (b * T + t), each (N, c): gpt_apply's
+Apply = Callable[..., tuple[jax.Array, jax.Array]]  # (params, Rows, positions (N, c), targets (N, c)) ->
+#   target_scores at those of the B * T positions (b * T + t), each (N, c): GPTApply's
 Encode = Callable[[str], list[int]]
 SCORED_CHUNK = 64  # positions whose logits exist at once (64 x 50,257 float32: 13 MB)
+SHORTEST_ROW = 256  # packed rows are at least this long (or max_length): short groups share a row densely
 SCORED_MULTIPLES = tuple(sorted({multiple << shift for shift in range(24) for multiple in (1, 3)}))  # 1, 2, 3, 4, 6..
 
 
@@ -74,17 +82,45 @@ def target_scores(logits: jax.Array, targets: jax.Array) -> tuple[jax.Array, jax
     return (target_logits - top[..., 0]) - log_sum, argmax == targets
 
 
-@functools.partial(jax.jit, static_argnums=0)  # compiled per apply (one per Scorer's model) and shape
-def score_batch(apply: Apply, params, inputs: jax.Array, positions: jax.Array, targets: jax.Array):
-    """apply, jitted: inputs int32 (B, T), positions and targets int32 (N, c) -> (N, c) float32, (N, c) bool."""
-    return apply(params, inputs, positions, targets)
+class Rows(NamedTuple):
+    """A batch of packed rows, each array (B, T) int32: the ids; segment ids (a group's, 1, 2, ... in its row; 0:
+    padding); positions (from the group's start; a branch continues its context's); branches (0: a group's context;
+    1, 2, ...: its requests' own ids, each seeing the context and itself alone)."""
+
+    tokens: jax.Array
+    segment_ids: jax.Array
+    positions: jax.Array
+    branches: jax.Array
 
 
-def gpt_apply(model) -> Apply:
+@functools.partial(jax.jit, static_argnums=0)  # compiled per apply (equal for equal models) and shape
+def score_batch(apply: Apply, params, rows: Rows, positions: jax.Array, targets: jax.Array):
+    """apply, jitted: rows (B, T) each, positions and targets int32 (N, c) -> (N, c) float32, (N, c) bool."""
+    return apply(params, rows, positions, targets)
+
+
+def branch_mask(branches: jax.Array) -> jax.Array:
+    """branches (B, T) -> (B, 1, T, T): a query sees the keys of its group's context (branch 0) and of its own
+    branch (with the causal and segment masks: the earlier ones of its group)."""
+    keys = branches[:, None, :]
+    return ((keys == 0) | (keys == branches[:, :, None]))[:, None]
+
+
+@dataclasses.dataclass(frozen=True)
+class GPTApply:
     """The Apply of a GPT (lm/models/gpt.py, a flax module): its target_scores at the given positions alone, one
-    chunk of c positions' logits at a time."""
-    return lambda params, ids, positions, targets: model.apply(
-        {"params": params}, ids, logit_positions=positions, targets=targets, logits_reduce=target_scores)
+    chunk of c positions' logits at a time, over packed rows. Equal for equal models, so score_batch compiles a
+    shape once per process, whichever Scorer asks."""
+
+    model: object
+
+    def __call__(self, params, rows: Rows, positions: jax.Array, targets: jax.Array):
+        return self.model.apply({"params": params}, rows.tokens, segment_ids=rows.segment_ids,
+                                positions=rows.positions, attention_mask=branch_mask(rows.branches),
+                                logit_positions=positions, targets=targets, logits_reduce=target_scores)
+
+
+gpt_apply = GPTApply
 
 
 def encode_pair(encode: Encode, context: str, continuation: str,
@@ -127,7 +163,55 @@ def bucket_lengths(max_length: int, num_buckets: int) -> list[int]:
     return sorted(lengths)
 
 
-Row = tuple[int, np.ndarray, int]  # a request's index, its ids cut to max_length + 1, its continuation's length
+Group = tuple[np.ndarray, list[tuple[int, np.ndarray]]]  # a context's ids, [(request index, continuation ids)]
+
+
+def groups(requests: Sequence[tuple[Sequence[int], Sequence[int]]], max_length: int) -> list[Group]:
+    """The requests grouped by their context ids, each request's ids cut from the left to max_length + 1 first (a
+    request shares its group's context ids exactly, after the cut); a group is split where its length
+    (group_length) would pass max_length. A continuation longer than max_length is a UserError, as the harness
+    refuses it too."""
+    by_context: dict[tuple[int, ...], list[tuple[int, np.ndarray]]] = {}
+    for index, (context, continuation) in enumerate(requests):
+        if not 0 < len(continuation) <= max_length or not context:
+            raise UserError(f"a continuation of {len(continuation)} tokens after {len(context)} of context: the "
+                            f"model reads {max_length} tokens; a task's continuation must fit (and not be empty), as "
+                            "the harness requires too: leave the task out, or score a model with a longer context")
+        sequence = np.asarray([*context, *continuation], np.int32)[-(max_length + 1):]
+        count = len(continuation)
+        by_context.setdefault(tuple(sequence[:-count]), []).append((index, sequence[-count:]))
+    found: list[Group] = []
+    for context, members in by_context.items():
+        ids, length = np.asarray(context, np.int32), max_length + 1  # (a new group at the first member)
+        for index, continuation in members:
+            if length + len(continuation) - 1 > max_length:
+                found.append((ids, []))
+                length = len(ids)
+            found[-1][1].append((index, continuation))
+            length += len(continuation) - 1
+    return found
+
+
+def group_length(group: Group) -> int:
+    """The ids a group takes in a row: its context, then each continuation but its last id."""
+    return len(group[0]) + sum(len(continuation) - 1 for _, continuation in group[1])
+
+
+def pack(found: list[Group], buckets: list[int]) -> list[tuple[int, list[Group]]]:
+    """The groups in rows: (the row's length, its groups). Longest first, each row as long as the least bucket
+    that holds its first group, then filled with the longest groups left that fit."""
+    left = sorted(found, key=group_length)
+    lengths = [group_length(group) for group in left]
+    rows = []
+    while left:
+        row, longest = [left.pop()], lengths.pop()
+        bucket = next(b for b in buckets if b >= longest)
+        free = bucket - longest
+        while (fits := bisect.bisect_right(lengths, free)) > 0:
+            free -= lengths.pop(fits - 1)
+            row.append(left.pop(fits - 1))
+        rows.append((bucket, row))
+    return rows
 
 
 def token_loglikelihoods(scorer: Scorer, requests: Sequence[tuple[Sequence[int], Sequence[int]]],
@@ -135,66 +219,87 @@ def token_loglikelihoods(scorer: Scorer, requests: Sequence[tuple[Sequence[int],
     """(log-likelihood, is_greedy) of each (context ids, continuation ids) request, in order (see the module
     docstring); a long pass prints its progress as '<what> batches: ...'. A continuation longer than max_length is
     a UserError, as the harness refuses it too."""
-    max_length, batch_size = scorer.max_length, scorer.batch_size
-    buckets = bucket_lengths(max_length, scorer.num_buckets)
-    rows: dict[int, list[Row]] = {length: [] for length in buckets}
-    for index, (context, continuation) in enumerate(requests):
-        if not 0 < len(continuation) <= max_length or not context:
-            raise UserError(f"a continuation of {len(continuation)} tokens after {len(context)} of context: the "
-                            f"model reads {max_length} tokens; a task's continuation must fit (and not be empty), as "
-                            "the harness requires too: leave the task out, or score a model with a longer context")
-        sequence = np.asarray([*context, *continuation], np.int32)[-(max_length + 1):]
-        rows[next(b for b in buckets if b >= len(sequence) - 1)].append((index, sequence, len(continuation)))
-    place = batch_placement(scorer.params, batch_size)
-    batches = [(bucket, bucket_rows[start:start + batch_size]) for bucket, bucket_rows in rows.items()
+    batch_size, shortest = scorer.batch_size, min(scorer.max_length, SHORTEST_ROW)
+    lengths = [length for length in bucket_lengths(scorer.max_length, scorer.num_buckets) if length >= shortest]
+    rows = pack(groups(requests, scorer.max_length), lengths)
+    place, shards = batch_placement(scorer.params, batch_size)
+    by_bucket: dict[int, list[list[Group]]] = {}
+    for bucket, row in rows:
+        by_bucket.setdefault(bucket, []).append(row)
+    batches = [(bucket, bucket_rows[start:start + batch_size]) for bucket, bucket_rows in sorted(by_bucket.items())
                for start in range(0, len(bucket_rows), batch_size)]
 
-    def dispatch(bucket: int, batch: list[Row]):  # the batch's per-position (log p, greedy), on the devices
-        inputs, positions, targets = batch_arrays(batch, batch_size, bucket, scorer.scored_chunk)
-        return score_batch(scorer.apply, scorer.params, place(inputs), positions, targets)
+    def dispatch(bucket: int, batch: list[list[Group]]):  # the batch's per-position (log p, greedy), on the devices
+        count = padded_rows(len(batch), batch_size, shards)
+        packed, positions, targets = batch_arrays(batch, count, bucket, scorer.scored_chunk)
+        return score_batch(scorer.apply, scorer.params, Rows(*map(place, packed)), positions, targets)
+
+    def members(batch: list[list[Group]]) -> list[tuple[int, np.ndarray]]:  # its requests, in scored order
+        return [member for row in batch for _, group_members in row for member in group_members]
 
     progress = Progress(f"{what} batches", len(batches), "requests")
     scored = await_each((dispatch(*bucket_batch) for bucket_batch in batches), progress,
-                        [len(batch) for _, batch in batches])
+                        [len(members(batch)) for _, batch in batches])
     results: list[tuple[float, bool]] = [(0.0, False)] * len(requests)
     for (_, batch), found in zip(batches, jax.device_get(scored), strict=True):
         log_probs, greedy = (array.reshape(-1) for array in found)  # the batch's scored positions, in order
-        ends = np.cumsum([count for _, _, count in batch])  # each row's scored positions end there
-        for (index, _, count), end in zip(batch, ends, strict=True):  # summed in float64
-            results[index] = (float(np.sum(log_probs[end - count:end], dtype=np.float64)),
-                              bool(np.all(greedy[end - count:end])))
+        end = 0
+        for index, continuation in members(batch):  # summed in float64
+            start, end = end, end + len(continuation)
+            results[index] = (float(np.sum(log_probs[start:end], dtype=np.float64)), bool(np.all(greedy[start:end])))
     return results
 
 
-def batch_arrays(batch: list[Row], batch_size: int, bucket: int, chunk: int):
-    """The arrays score_batch takes for batch's rows: inputs (batch_size, bucket), each row's ids but the last,
-    right-padded with 0 (so are the missing rows); positions (N, chunk) in the flattened inputs (row * bucket + t)
-    and their targets (N, chunk): each row's continuation's, row after row, then zeros. N is the least of
-    SCORED_MULTIPLES that holds them."""
-    tokens = sum(count for _, _, count in batch)
-    scored = next(n for n in SCORED_MULTIPLES if n * chunk >= tokens) * chunk
-    inputs = np.zeros((batch_size, bucket), np.int32)
-    positions, targets = np.zeros(scored, np.int32), np.zeros(scored, np.int32)
-    end = 0
-    for row, (_, sequence, count) in enumerate(batch):
-        length = len(sequence) - 1
-        inputs[row, :length] = sequence[:-1]
-        positions[end:end + count] = row * bucket + np.arange(length - count, length)
-        targets[end:end + count] = sequence[-count:]
-        end += count
-    return inputs, positions.reshape(-1, chunk), targets.reshape(-1, chunk)
+def padded_rows(count: int, batch_size: int, shards: int) -> int:
+    """The rows a batch of count rows is padded to: the least of SCORED_MULTIPLES that holds them (a few shapes to
+    compile), batch_size where that is smaller or not a multiple of the batch's shards."""
+    rows = next(n for n in SCORED_MULTIPLES if n >= count)
+    return rows if rows <= batch_size and rows % shards == 0 else batch_size
 
 
-def batch_placement(params, batch_size: int) -> Callable[[np.ndarray], np.ndarray | jax.Array]:
-    """How a batch's inputs (batch_size, T) go to the devices: split over the batch axes of the mesh that params
-    are on, when it has several devices, all of this process, and they divide batch_size (as the eval step's batches
-    are split); else as they are (one device, or the host-local params of a multi-host run's evaluators)."""
+def batch_arrays(batch: list[list[Group]], count: int, bucket: int, chunk: int):
+    """The arrays score_batch takes for batch's rows (see Rows), count rows of bucket ids each (padded with 0); the
+    scored positions (N, chunk) in the flattened rows (row * bucket + t) and their targets (N, chunk): each
+    request's continuation's, request after request, then zeros. A continuation's first id is predicted at its
+    context's last position, each later one at its branch's id before it. N is the least of SCORED_MULTIPLES that
+    holds them."""
+    packed = np.zeros((4, count, bucket), np.int32)  # tokens, segment ids, positions, branches
+    positions, targets = [], []
+    for row, groups_in_row in enumerate(batch):
+        at = 0
+        for segment, (context, group_members) in enumerate(groups_in_row, 1):
+            width = len(context)
+            fill(packed[:, row, at:at + width], context, segment, np.arange(width), 0)
+            context_end, at = row * bucket + at + width - 1, at + width
+            for branch, (_, continuation) in enumerate(group_members, 1):
+                width = len(continuation) - 1
+                fill(packed[:, row, at:at + width], continuation[:-1], segment, len(context) + np.arange(width), branch)
+                positions.extend([context_end, *range(row * bucket + at, row * bucket + at + width)])
+                targets.extend(continuation)
+                at += width
+    scored = next(n for n in SCORED_MULTIPLES if n * chunk >= len(positions)) * chunk
+    positions, targets = (np.pad(np.asarray(a, np.int32), (0, scored - len(a))) for a in (positions, targets))
+    return packed, positions.reshape(-1, chunk), targets.reshape(-1, chunk)
+
+
+def fill(span: np.ndarray, *values) -> None:
+    """span (4, width) of the packed rows = the values (tokens, segment ids, positions, branches), each an array
+    of width or one number."""
+    for field, value in zip(span, values, strict=True):
+        field[:] = value
+
+
+def batch_placement(params, batch_size: int) -> tuple[Callable[[np.ndarray], np.ndarray | jax.Array], int]:
+    """How a batch's arrays (rows, T) go to the devices, and the shards its rows are split in: over the batch axes
+    of the mesh that params are on, when it has several devices, all of this process, and they divide batch_size
+    (as the eval step's batches are split); else as they are, in 1 (one device, or the host-local params of a
+    multi-host run's evaluators)."""
     leaves = jax.tree.leaves(params)
     mesh = getattr(leaves[0].sharding, "mesh", None) if leaves and isinstance(leaves[0], jax.Array) else None
     if (not isinstance(mesh, Mesh) or mesh.size == 1 or not leaves[0].is_fully_addressable
             or batch_size % sharding.batch_shards(mesh)):
-        return lambda array: array
-    return functools.partial(jax.device_put, device=sharding.batch_sharding(mesh))
+        return (lambda array: array), 1
+    return functools.partial(jax.device_put, device=sharding.batch_sharding(mesh)), sharding.batch_shards(mesh)
 
 
 def loglikelihoods(scorer: Scorer, requests: Sequence[tuple[str, str]], what: str = "scoring",
