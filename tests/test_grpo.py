@@ -188,6 +188,8 @@ def test_a_grpo_run_with_kl_and_inner_steps_resumes_exactly(tmp_path):
         return {r["step"]: [r[k] for k in keys] for r in metrics_records(folder) if "loss" in r}
 
     assert trained(straight) == trained(resumed) and sorted(trained(straight)) == [2, 4]
+    logged = [r for r in metrics_records(straight) if "loss" in r]
+    assert all(r["train_tokens_per_second"] > r["tokens_per_second"] > 0 for r in logged)  # rollouts left out
     built = grpo.build(config, straight)
     params = [restore_params(config, built, folder) for folder in (straight, resumed)]
     jax.tree.map(np.testing.assert_array_equal, *params)

@@ -404,9 +404,11 @@ class Trainer:
         while step < tcfg.num_steps and not stopping:
             stop_at = stable_end if stable_end is not None and step < stable_end < tcfg.num_steps else tcfg.num_steps
             count = steps_until_boundary(step, self.steps_per_dispatch, stop_at, boundaries)
+            fetched = tuple(next(batches) for _ in range(count))
             rollout_start = time.perf_counter()  # (online experiments make their batches with the params)
-            batch_group, made = experiment.rollout(state.params, tuple(next(batches) for _ in range(count)), step)
-            rollout_seconds += time.perf_counter() - rollout_start
+            batch_group, made = experiment.rollout(state.params, fetched, step)
+            if made:  # an online experiment's: the time it took is not the train step's
+                rollout_seconds += time.perf_counter() - rollout_start
             interval_start += profile.before(step, count, state)  # (the profiler's own time is not training time)
             compile_seconds = self.train_step.seconds
             with jax.profiler.StepTraceAnnotation("train", step_num=step):
