@@ -43,8 +43,7 @@ def prompt_data() -> ml_collections.ConfigDict:
         prompt_field=option("prompt", "the field holding the user's prompt"),
         answer_field=option("answer", "the field holding what the `answer` reward checks ('' = none); every field "
                                       "named here reaches the reward functions' record"),
-        chat_template=option("plain", "plain, chatml, or the path of a Hugging Face folder (its chat template), a "
-                                      "tokenizer_config.json or a .jinja file (lm/data/chat.py)"),
+        chat_template=sft.chat_template_option(),
         skip_bad_records=option(False, "skip (and count) the records that give no prompt (a missing field, a "
                                        "template that fails, a prompt too long for the context) instead of "
                                        "stopping at the first"),

@@ -61,6 +61,12 @@ def tokenizer_options() -> dict:
     )
 
 
+def chat_template_option():
+    """data.chat_template: what renders a post-training run's records as conversations."""
+    return option("plain", "plain, chatml, or the path of a Hugging Face folder (its chat template), a "
+                           "tokenizer_config.json or a .jinja file (lm/data/chat.py)")
+
+
 def conversation_data() -> ml_collections.ConfigDict:
     """The records, their chat template and the rows they are packed into."""
     return declare(
@@ -70,8 +76,7 @@ def conversation_data() -> ml_collections.ConfigDict:
         response_field=option("answer", "the field of a prompt/response record holding the assistant's response"),
         messages_field=option("", "instead of the prompt and response fields, the field holding a conversation: a "
                                   "list of {role, content} messages"),
-        chat_template=option("plain", "plain, chatml, or the path of a Hugging Face folder (its chat template), a "
-                                      "tokenizer_config.json or a .jinja file (lm/data/chat.py)"),
+        chat_template=chat_template_option(),
         train_on_prompt=option(False, "the loss on every token, prompts included (the ablation); False: on the "
                                       "assistant's tokens only (held-out loss is always the assistant's)"),
         skip_bad_records=option(False, "skip (and count) the records that give no conversation (a missing field, "
