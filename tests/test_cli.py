@@ -219,8 +219,8 @@ def test_dry_run_compiles_for_the_mesh_and_writes_nothing(tmp_path, data_dir):
                       "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"})
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.splitlines()
-    assert any(line.startswith("dry run: mesh {'data': 2, 'fsdp': 4, 'expert': 1, 'context': 1, 'tensor': 1} of 8 x cpu")
-               for line in lines), result.stdout
+    mesh = "{'data': 2, 'fsdp': 4, 'expert': 1, 'context': 1, 'tensor': 1}"
+    assert any(line.startswith(f"dry run: mesh {mesh} of 8 x cpu") for line in lines), result.stdout
     for prefix in ("parameters        30,080 (30,080 active)", "memory per device arguments", "FLOPs per step",
                    "compile"):
         assert any(line.startswith(prefix) for line in lines), (prefix, result.stdout)
