@@ -31,7 +31,6 @@ identical (nothing to prefer), a response of no tokens.
 
 import dataclasses
 import itertools
-import os
 import pathlib
 import sys
 
@@ -43,7 +42,7 @@ import numpy as np
 
 from experiments.language_model import TOKENIZER_FILE, LanguageModel, post_training_data
 from experiments.sft import every_row
-from lm import sharding
+from lm import runs, sharding
 from lm.data import bpe, packing, run_cache, sources
 from lm.distributed import host_local, is_primary
 from lm.errors import UserError
@@ -258,15 +257,7 @@ class DPO(LanguageModel):
 
 def save_reference(workdir: pathlib.Path, key: str, reference: dict[str, np.ndarray]) -> None:
     """reference into workdir/REFERENCE_FILE with its key, whole or not at all."""
-    path = workdir / REFERENCE_FILE
-    partial = path.with_name(f"{REFERENCE_FILE}.{os.getpid()}.partial")
-    try:
-        with partial.open("wb") as f:
-            np.savez(f, key=np.array(key), **reference)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
-    partial.replace(path)
+    runs.write_arrays(workdir / REFERENCE_FILE, {"key": np.array(key), **reference})
 
 
 def load_reference(workdir: pathlib.Path | None, key: str) -> dict[str, np.ndarray] | None:

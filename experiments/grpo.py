@@ -223,14 +223,12 @@ class GRPO(LanguageModel):
                     repeat: int = 1) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray]:
         """Completions of the prompts at indices, each repeat times, sampled (rng) or greedy (None): (tokens (N, W),
         completion mask (N, W): 1 on the completion's tokens up to its end or stop string, texts, token counts)."""
-        ids = np.repeat(prompts.ids[indices], repeat, axis=0)
+        ids = np.repeat(prompts.ids[indices], repeat, axis=0)  # (N, width - max_new_tokens): both splits' width
         lengths = np.repeat(prompts.lengths[indices], repeat)
-        padded = np.zeros((len(ids), self.width - self.config.rl.max_new_tokens), np.int32)
-        padded[:, :ids.shape[1]] = ids
         if rng is None:
-            tokens, mask = self.sample_greedy(params, padded, lengths)
+            tokens, mask = self.sample_greedy(params, ids, lengths)
         else:
-            tokens, mask = self.sample_policy(params, padded, lengths, rng=rng)
+            tokens, mask = self.sample_policy(params, ids, lengths, rng=rng)
         tokens, mask = (np.array(x) for x in jax.device_get(host_local((tokens, mask))))
         texts, counts = [], np.zeros(len(tokens), np.int32)
         end = self.tokenizer.end_of_text_id
@@ -300,7 +298,7 @@ class GRPO(LanguageModel):
         local = jax.device_get(host_local(params))
         if is_primary():
             arrays = {jax.tree_util.keystr(key): leaf for key, leaf in jax.tree_util.tree_leaves_with_path(local)}
-            runs.write_file_whole(workdir / REFERENCE_FILE, lambda partial: save_arrays(partial, arrays))
+            runs.write_arrays(workdir / REFERENCE_FILE, arrays)
 
     def eval_data(self):
         return []  # the held-out prompts are decoded and scored by the heldout evaluator
@@ -344,11 +342,6 @@ class GRPO(LanguageModel):
     def flops_per_example(self, active_params: int) -> float:
         """The train step's: a prompt's group_size rows, forward and backward (the sampling is not counted)."""
         return self.units_per_example * flops_per_token(self.model.config, active_params)
-
-
-def save_arrays(path: pathlib.Path, arrays: dict[str, np.ndarray]) -> None:
-    with path.open("wb") as f:  # (a path np.savez would give a .npz suffix)
-        np.savez(f, **arrays)
 
 
 def reward_metrics(total: np.ndarray, values: dict[str, np.ndarray], group_size: int) -> dict[str, float]:

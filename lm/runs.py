@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import ml_collections
+import numpy as np
 
 from lm.errors import UserError
 
@@ -52,17 +53,27 @@ def write_whole(path: pathlib.Path, text: str) -> None:
 
 def write_file_whole(path: pathlib.Path, write: Callable[[pathlib.Path], Any]) -> None:
     """Makes path with write(a temporary path), whole or not at all (the temporary file renamed over path): a run
-    killed meanwhile, or a failed write, leaves the old file; a failed write (a full disk) removes its partial file
-    too, so that it leaves the folder as it was."""
+    killed meanwhile, or a failed write, leaves the old file; a write that fails or is interrupted (a full disk,
+    Ctrl-C) removes its partial file too, so that it leaves the folder as it was."""
     partial = path.with_name(f"{path.name}.partial")
     try:
         with writing(path):
             write(partial)
         partial.replace(path)
-    except OSError:
+    except BaseException:
         with contextlib.suppress(OSError):
             partial.unlink(missing_ok=True)
         raise
+
+
+def write_arrays(path: pathlib.Path, arrays: dict[str, np.ndarray]) -> None:
+    """Writes arrays into path as an .npz file (np.savez, names as given), whole or not at all (write_file_whole)."""
+
+    def save(partial: pathlib.Path) -> None:
+        with partial.open("wb") as f:  # (np.savez would give a path without .npz one)
+            np.savez(f, **arrays)
+
+    write_file_whole(path, save)
 
 
 def write_json(path: pathlib.Path, value: dict) -> None:

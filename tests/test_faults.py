@@ -429,3 +429,28 @@ def test_a_run_killed_before_its_first_checkpoint_starts_one_history_again(tmp_p
     steps = [json.loads(line)["step"] for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     assert steps[0] == 0 and steps[-1] == 4 and steps == sorted(steps), steps  # once, not 0..4 then 0..4 again
     assert len(list((workdir / "tensorboard").glob("events.out.tfevents.*"))) == 1
+
+
+def test_a_whole_file_write_that_fails_or_is_interrupted_leaves_the_old_file_and_no_partial(tmp_path):
+    """lm.runs.write_file_whole (config.json, results.json, a run's .npz files): an error or a Ctrl-C in the middle
+    of the write leaves the file as it was and removes the partial one; a write that ends replaces it."""
+    from lm import runs
+
+    path = tmp_path / "reference.npz"
+    runs.write_arrays(path, {"a": np.arange(3)})
+
+    def half_then(error):
+        def write(partial):
+            partial.write_bytes(b"half")
+            raise error
+        return write
+
+    for error in (OSError(errno.ENOSPC, "full"), KeyboardInterrupt()):
+        with pytest.raises(type(error)):
+            runs.write_file_whole(path, half_then(error))
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["reference.npz"]
+        with np.load(path) as saved:
+            np.testing.assert_array_equal(saved["a"], np.arange(3))
+    runs.write_arrays(path, {"a": np.arange(5)})
+    with np.load(path) as saved:
+        np.testing.assert_array_equal(saved["a"], np.arange(5))
